@@ -1,0 +1,1 @@
+"""The `grpo` command: one thin module per subcommand; heavy imports happen inside functions."""

@@ -1,0 +1,63 @@
+"""`grpo`: the typer application and the one place user errors become exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from grpocli import __version__
+from grpocli.cli import evaluate, inspect, serve, train
+from grpocli.errors import UserError
+
+app = typer.Typer(
+    name="grpo",
+    help="Train language models with GRPO from a TOML recipe.\n\n"
+    "Example: [bold]grpo train quickstart[/bold] (tiny model, CPU, offline, minutes).",
+    epilog="Recipes: `grpo inspect recipes`. Plugins: `grpo inspect plugins`. "
+    "Docs: README.md.",
+    rich_markup_mode="rich",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+train.add_to(app)
+serve.add_to(app)
+evaluate.add_to(app)
+inspect.add_to(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"grpo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Train language models with GRPO from a TOML recipe."""
+
+
+def report(exc: UserError) -> None:
+    """Print a user error (no traceback) on stderr."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(Text("error: ", style="bold red") + Text(exc.render()))
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        report(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

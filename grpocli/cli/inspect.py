@@ -1,0 +1,55 @@
+"""`grpo inspect WHAT`: recipes, a recipe, plugins, data, or a run directory."""
+
+from __future__ import annotations
+
+import typer
+
+HELP = """Look at recipes, plugins, prompts and runs.
+
+  grpo inspect recipes                    built-in recipes
+
+  grpo inspect recipe quickstart          resolved recipe, where each value came from
+
+  grpo inspect plugins                    plugins and the rewards/datasets they register
+
+  grpo inspect data quickstart --n 3      rendered prompts and their columns
+
+  grpo inspect runs/quickstart            a training run (metrics, warnings)
+"""
+
+TOPICS = ("recipes", "recipe", "plugins", "data")
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("inspect", help=HELP, no_args_is_help=True)(inspect)
+
+
+def inspect(
+    what: str = typer.Argument(..., help="recipes | recipe | plugins | data | RUN_DIR"),
+    args: list[str] = typer.Argument(None, help="A recipe name/path and overrides.", show_default=False),
+    n: int = typer.Option(3, "--n", min=1, help="How many prompts `inspect data` shows."),
+    rollouts: int = typer.Option(None, "--rollouts", help="Show the best/worst rollouts of this step."),
+) -> None:
+    from grpocli.errors import UserError
+    from grpocli.inspection import views
+
+    args = list(args or [])
+    if what == "recipes":
+        views.show_recipes()
+    elif what == "plugins":
+        views.show_plugins()
+    elif what in ("recipe", "data"):
+        if not args:
+            raise UserError(
+                f"`grpo inspect {what}` needs a recipe",
+                valid="a recipe path or a built-in name (`grpo inspect recipes`)",
+                hint=f"grpo inspect {what} quickstart",
+            )
+        if what == "recipe":
+            views.show_recipe(args[0], args[1:])
+        else:
+            views.show_data(args[0], args[1:], n=n)
+    else:
+        from grpocli.inspection.run_view import show_run
+
+        show_run(what, rollouts_step=rollouts)

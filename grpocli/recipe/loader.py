@@ -1,0 +1,242 @@
+"""Load a recipe: defaults < recipe file < GRPO_SECTION__KEY env vars < `section.key=value` args.
+
+Every value remembers where it came from (`Resolved.sources`), so errors and
+`grpo inspect recipe` can say "train.steps = 3 (argument train.steps=3)".
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import EnvSettingsSource
+
+from grpocli.errors import UserError, did_you_mean
+from grpocli.recipe import catalog
+from grpocli.recipe.schema import Recipe
+
+DEFAULT = "default"
+
+
+@dataclass
+class Resolved:
+    """A validated recipe, its name, its file, and the source of every dotted key."""
+
+    recipe: Recipe
+    name: str
+    path: Path | None
+    sources: dict[str, str]
+
+    def source_of(self, dotted: str) -> str:
+        return _source_of(self.sources, dotted)
+
+    def output_dir(self) -> Path:
+        return Path(self.recipe.train.output_dir.replace("{recipe}", self.name))
+
+
+def load_recipe(
+    name_or_path: str | None,
+    overrides: list[str] | None = None,
+) -> Resolved:
+    """Resolve, merge and validate a recipe; every mistake is a UserError (exit code 2)."""
+    path = catalog.find(name_or_path) if name_or_path else None
+    file_values = _read_toml(path) if path else {}
+    env_values = _env_values()
+    arg_values = parse_overrides(overrides or [])
+
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    _merge(merged, sources, file_values, f"file {path}" if path else "", "")
+    _merge(merged, sources, env_values, "env", "")
+    _merge(merged, sources, arg_values, "argument", "")
+    where_file = str(path) if path else "(no recipe file)"
+    try:
+        recipe = Recipe(**merged)
+    except ValidationError as exc:
+        raise _validation_error(exc, where_file, sources) from None
+    name = path.stem if path else "default"
+    return Resolved(recipe=recipe, name=name, path=path, sources=sources)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """['train.steps=3', 'data.args={num_samples=10}'] -> nested dict; values parse as TOML."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(
+                f"cannot read the override {arg!r}",
+                where="command line",
+                valid="section.key=value, e.g. train.learning_rate=2e-6 or data.args={num_samples=100}",
+                hint="run `grpo inspect recipe NAME` to see every key",
+            )
+        _set_dotted(out, key.split("."), _parse_value(raw.strip()))
+    return out
+
+
+def to_toml(recipe: Recipe) -> str:
+    """The recipe as TOML, every value spelled out (written to <run>/config.resolved.toml)."""
+    return tomli_w.dumps(recipe.model_dump(mode="json", exclude_none=True))
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """{'train': {'steps': 3}} -> {'train.steps': 3}; lists of tables get [i] keys."""
+    if isinstance(values, BaseModel):
+        values = values.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    if isinstance(values, dict) and values:
+        for k, v in values.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(values, list) and values and all(isinstance(v, dict) for v in values):
+        for i, v in enumerate(values):
+            out.update(flatten(v, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = values
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare word: a string
+
+
+def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:
+    for part in parts[:-1]:
+        nxt = target.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise UserError(
+                f"{'.'.join(parts)} sets a key inside {part!r}, which already has a value",
+                where="command line",
+            )
+        target = nxt
+    target[parts[-1]] = value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(
+            f"this is not valid TOML: {exc}",
+            where=str(path),
+            valid="TOML tables [section] with key = value lines; strings in quotes",
+            hint=f"fix the line named above, then `grpo inspect recipe {path}` to check it",
+        ) from None
+    except OSError as exc:
+        raise UserError(f"cannot read the recipe: {exc.strerror}", where=str(path)) from None
+
+
+def _env_values() -> dict[str, Any]:
+    try:
+        return EnvSettingsSource(Recipe, env_prefix="GRPO_", env_nested_delimiter="__")()
+    except Exception as exc:  # a complex value that is not JSON
+        raise UserError(
+            f"cannot read a GRPO_* environment variable: {exc}",
+            where="environment",
+            valid="GRPO_SECTION__KEY=value, e.g. GRPO_TRAIN__STEPS=50; lists and tables as JSON",
+        ) from None
+
+
+def _merge(dst: dict, sources: dict[str, str], src: dict, label: str, prefix: str) -> None:
+    for key, value in src.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and isinstance(dst.get(key), dict) and not _is_free_dict(dotted):
+            _merge(dst[key], sources, value, label, dotted)
+            continue
+        dst[key] = value
+        for sub in [k for k in sources if k == dotted or k.startswith(dotted + ".")]:
+            del sources[sub]
+        for sub_key in flatten(value, dotted) if isinstance(value, (dict, list)) else [dotted]:
+            sources[sub_key] = _label(label, dotted, value)
+
+
+def _is_free_dict(dotted: str) -> bool:
+    """Fields that are dicts of the user's own keys are replaced whole, not merged."""
+    return dotted.endswith("args")
+
+
+def _label(label: str, dotted: str, value: Any) -> str:
+    if label == "env":
+        return "env GRPO_" + "__".join(p.upper() for p in dotted.split("."))
+    if label == "argument":
+        return f"argument {dotted}={value!r}" if not isinstance(value, dict) else f"argument {dotted}=..."
+    return label
+
+
+def _source_of(sources: dict[str, str], dotted: str) -> str:
+    probe = dotted
+    while probe:
+        if probe in sources:
+            return sources[probe]
+        if "." not in probe and "[" not in probe:
+            break
+        probe = probe.rsplit(".", 1)[0] if "." in probe else probe.rsplit("[", 1)[0]
+    return DEFAULT
+
+
+def _validation_error(exc: ValidationError, where_file: str, sources: dict[str, str]) -> UserError:
+    lines, valid = [], None
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        dotted = _dotted(loc)
+        source = _source_of(sources, dotted)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            fields = _fields_at(loc[:-1])
+            msg = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
+            valid = f"keys of {_dotted(loc[:-1]) or 'the recipe'}: {', '.join(fields)}"
+        else:
+            desc = _description(loc)
+            if desc:
+                msg += f" ({desc})"
+        shown = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and "input" in err else ""
+        origin = f" [from {source}]" if source != DEFAULT else ""
+        lines.append(f"{dotted or '(recipe)'}: {msg}{shown}{origin}")
+    return UserError(
+        "invalid recipe:\n  " + "\n  ".join(lines),
+        where=where_file,
+        valid=valid,
+        hint="fix the key(s) above; `grpo inspect recipe NAME` shows every key, its value and source",
+    )
+
+
+def _dotted(loc: list[str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out
+
+
+def _walk(loc: list[str]) -> Any:
+    """The pydantic model class at a location (skipping list indexes), or None."""
+    model: Any = Recipe
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    model = _walk(loc)
+    return list(getattr(model, "model_fields", {})) if model else []
+
+
+def _description(loc: list[str]) -> str:
+    parent = _walk([p for p in loc[:-1]])
+    field = getattr(parent, "model_fields", {}).get(loc[-1]) if parent and loc else None
+    return (field.description or "") if field else ""

@@ -1,0 +1,299 @@
+"""The recipe schema: every option of a run, declared once with its type, bounds and description.
+
+Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
+This module imports no other grpocli module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: verl's loss_agg_mode names, accepted where they coincide with ours.
+LOSS_ALIASES = {
+    "seq-mean-token-mean": "grpo",
+    "token-mean": "dapo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+}
+LossName = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModel(Section):
+    """A small Qwen2-style model built from a config (no download), for tests and the quickstart."""
+
+    hidden_size: int = Field(64, ge=8, le=4096, description="Hidden size of the tiny model.")
+    num_layers: int = Field(2, ge=1, le=64, description="Number of transformer layers.")
+    num_heads: int = Field(4, ge=1, le=64, description="Attention heads (must divide hidden_size).")
+    intermediate_size: int = Field(128, ge=8, le=16384, description="MLP width.")
+    max_position_embeddings: int = Field(1024, ge=64, le=32768, description="Longest sequence.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModel:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        return self
+
+
+class Lora(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (through peft) instead of all weights.")
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt, or 'all-linear'."
+    )
+
+
+class ModelSection(Section):
+    name_or_path: str = Field(
+        "tiny",
+        description="Local directory or hub id of the policy; 'tiny' builds a tiny model from "
+        "[model.tiny] with the built-in offline tokenizer.",
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer path or hub id (default: the model's).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype the weights are loaded in."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub.")
+    attn_implementation: str | None = Field(
+        None, description="transformers attn_implementation (e.g. 'sdpa', 'flash_attention_2')."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    tiny: TinyModel = Field(default_factory=TinyModel, description="Shape of the 'tiny' model.")
+    lora: Lora = Field(default_factory=Lora, description="LoRA adapters through peft.")
+
+
+class DataSection(Section):
+    dataset: str = Field(
+        "arithmetic",
+        description="A registered dataset name (`grpo inspect plugins`), a local .jsonl/.json/"
+        ".parquet/.csv file, or a hub id.",
+    )
+    split: str = Field("train", description="Split used for training.")
+    eval_split: str | None = Field(None, description="Held-out split for evaluation.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the dataset loader."
+    )
+    prompt_column: str = Field("prompt", description="Column holding the prompt (text or messages).")
+    template: str | None = Field(
+        None,
+        description="Python format string over the row's columns that makes the user message, "
+        "e.g. 'Solve: {question}' (default: the prompt column as it is).",
+    )
+    system_prompt: str | None = Field(None, description="System message put before every prompt.")
+    chat_template: bool = Field(
+        True, description="Render prompts with the tokenizer's chat template when it has one."
+    )
+    max_prompt_length: int = Field(
+        512, ge=1, le=131072, description="Prompts longer than this many tokens are left-truncated."
+    )
+    shuffle: bool = Field(True, description="Shuffle the dataset each epoch (seeded by train.seed).")
+
+
+class RewardSpec(Section):
+    name: str = Field(description="A registered reward name (`grpo inspect plugins` lists them).")
+    weight: float = Field(1.0, description="Weight of this reward in the total.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the reward function."
+    )
+    gate: bool = Field(
+        False,
+        description="With algorithm.reward_combination='gated': a format reward that the others "
+        "need (open-instruct's non-additive format reward).",
+    )
+    on_error: Literal["raise", "none"] = Field(
+        "raise",
+        description="If the function raises: stop the run naming the reward and row ('raise'), "
+        "or score the batch None and count it ('none').",
+    )
+
+
+class GenerationSection(Section):
+    backend: Literal["hf", "vllm", "vllm-server"] = Field(
+        "hf",
+        description="'hf': transformers generate; 'vllm': an engine in the training process; "
+        "'vllm-server': a `grpo vllm-serve` process.",
+    )
+    num_generations: int = Field(8, ge=2, le=1024, description="Completions per prompt (G).")
+    max_completion_length: int = Field(64, ge=1, le=131072, description="Longest completion in tokens.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0: off).")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling (0: off).")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="Repetition penalty (1: off).")
+    stop: list[str] = Field(default_factory=list, description="Strings that end a completion.")
+    async_steps: int = Field(
+        0, ge=0, le=16, description="Generate this many steps ahead while training (0: on-policy)."
+    )
+
+
+class OverlongPenalty(Section):
+    buffer_length: int = Field(
+        0, ge=0, description="DAPO soft overlong punishment: length buffer in tokens (0: off)."
+    )
+    penalty: float = Field(1.0, ge=0.0, description="Largest penalty, reached at the maximum length.")
+
+
+class AlgorithmSection(Section):
+    loss: LossName = Field(
+        "dapo",
+        description="Loss aggregation: grpo (mean of per-sequence token means), bnpo (token mean "
+        "per micro-batch), dr_grpo (sum / (max_completion_length x sequences)), dapo (token mean "
+        "over the whole batch). verl names accepted: seq-mean-token-mean, token-mean, "
+        "seq-mean-token-sum-norm.",
+    )
+    advantage_scale: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Divide centered rewards by the group std, the batch std, or nothing (Dr. GRPO).",
+    )
+    epsilon_low: float = Field(0.2, ge=0.0, le=10.0, description="Lower clip: ratio >= 1 - epsilon_low.")
+    epsilon_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + epsilon_high (DAPO: 0.28).")
+    num_iterations: int = Field(1, ge=1, le=64, description="Updates per generation batch (mu).")
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient; 0 loads no reference model.")
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
+    ref_sync_steps: int = Field(0, ge=0, description="Refresh the reference model every N steps (0: never).")
+    ref_sync_alpha: float = Field(
+        1.0, ge=0.0, le=1.0, description="Refresh mix: ref = alpha * policy + (1 - alpha) * ref."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut at max_completion_length out of the loss."
+    )
+    overlong_penalty: OverlongPenalty = Field(default_factory=OverlongPenalty, description="DAPO's length penalty.")
+    drop_zero_spread_groups: bool = Field(
+        True, description="Leave groups whose rewards are all equal out of the loss (no signal)."
+    )
+    fill_batch: bool = Field(
+        False, description="Keep sampling prompts until the batch has no zero-spread groups (DAPO)."
+    )
+    max_fill_rounds: int = Field(4, ge=1, le=64, description="Extra generation rounds fill_batch may take.")
+    reward_combination: Literal["sum", "gated"] = Field(
+        "sum",
+        description="'sum': weighted sum of all rewards; 'gated': rewards without gate=true count "
+        "only where every gate reward is > 0.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verl_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("loss") in LOSS_ALIASES:
+            data = {**data, "loss": LOSS_ALIASES[data["loss"]]}
+        return data
+
+
+class TrainSection(Section):
+    output_dir: str = Field("runs/{recipe}", description="Run directory; {recipe} is the recipe's name.")
+    resume: Literal["auto", "never"] | str = Field(
+        "auto",
+        description="'auto': continue from the newest checkpoint in output_dir; 'never': refuse a "
+        "non-empty output_dir; or a checkpoint directory.",
+    )
+    steps: int = Field(100, ge=1, description="Optimizer steps.")
+    prompts_per_step: int = Field(
+        8, ge=1, description="Prompts per optimizer step, over all processes (x G completions)."
+    )
+    steps_per_generation: int = Field(
+        1, ge=1, le=64, description="Optimizer steps per generation batch (generation batch = this x step)."
+    )
+    micro_batch_size: int = Field(
+        8, ge=1, description="Completions per forward/backward pass on one process."
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=16, description="Token budget per micro-batch (packed rows); overrides micro_batch_size."
+    )
+    learning_rate: float = Field(1e-6, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
+        "constant", description="Learning-rate schedule (transformers get_scheduler)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping norm (0: off).")
+    seed: int = Field(0, ge=0, description="Seed for data order, sampling and initialization.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Accelerate mixed precision.")
+    num_processes: int = Field(
+        1, ge=1, le=1024, description="Data-parallel processes `grpo train` launches (accelerate)."
+    )
+    save_steps: int = Field(0, ge=0, description="Checkpoint every N steps (0: at the end only).")
+    save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    on_nonfinite_loss: Literal["skip", "raise"] = Field(
+        "skip", description="A NaN/inf loss skips the step and says so, or stops the run."
+    )
+    curriculum: str | None = Field(None, description="A registered curriculum that picks the next prompts.")
+    curriculum_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the curriculum.")
+
+
+class LogSection(Section):
+    rollouts_every: int = Field(10, ge=0, description="Write rollouts every N steps (0: never).")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
+        default_factory=list, description="Trackers, through Accelerate."
+    )
+    progress: Literal["auto", "rich", "plain", "none"] = Field(
+        "auto", description="Terminal display: rich on a TTY, plain lines otherwise ('auto')."
+    )
+
+
+class VllmSection(Section):
+    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo vllm-serve` listens.")
+    server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (fast start).")
+    max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
+    kv_cache_gb: float = Field(1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    importance_sampling_correction: bool = Field(
+        True, description="Truncated importance sampling against the engine's log-probs."
+    )
+    importance_sampling_cap: float = Field(2.0, ge=1.0, description="Cap of the truncated IS ratio.")
+
+
+class Recipe(BaseSettings):
+    """A whole run. Sources, lowest first: defaults, recipe file, GRPO_SECTION__KEY, arguments."""
+
+    model_config = SettingsConfigDict(extra="forbid", env_prefix="GRPO_", env_nested_delimiter="__")
+
+    model: ModelSection = Field(default_factory=ModelSection, description="The policy model.")
+    data: DataSection = Field(default_factory=DataSection, description="Prompts.")
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="length", args={"target": 16})],
+        description="Reward functions, weighted.",
+    )
+    generation: GenerationSection = Field(default_factory=GenerationSection, description="Sampling.")
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection, description="GRPO and its variants.")
+    train: TrainSection = Field(default_factory=TrainSection, description="Optimization and run control.")
+    log: LogSection = Field(default_factory=LogSection, description="Metrics, rollouts, trackers.")
+    vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine and server.")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):
+        # The loader merges file, environment and arguments itself (to record where each value
+        # came from); the model only validates what it is given.
+        return (init_settings,)
+
+    @model_validator(mode="after")
+    def _batch_layout(self) -> Recipe:
+        t, g = self.train, self.generation
+        completions = t.prompts_per_step * g.num_generations
+        if completions % t.num_processes:
+            raise ValueError(
+                f"train.prompts_per_step x generation.num_generations = {completions} completions "
+                f"per step must divide evenly over train.num_processes = {t.num_processes}; "
+                f"valid prompts_per_step: multiples of {t.num_processes}"
+            )
+        if not self.rewards:
+            raise ValueError("at least one [[rewards]] entry is needed")
+        if self.algorithm.reward_combination == "gated":
+            gates = [r for r in self.rewards if r.gate]
+            if not gates or len(gates) == len(self.rewards):
+                raise ValueError(
+                    "algorithm.reward_combination = 'gated' needs some rewards with gate = true "
+                    "(the format rewards) and some without"
+                )
+        return self

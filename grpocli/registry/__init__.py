@@ -1,0 +1,6 @@
+"""Plugins: hookspecs (the public contract), name registries and the plugin manager."""
+
+from grpocli.registry.manager import Plugins, load_plugins
+from grpocli.registry.names import Entry, Registry
+
+__all__ = ["Entry", "Plugins", "Registry", "load_plugins"]

@@ -1,0 +1,64 @@
+"""The plugin contract of grpo. Third-party distributions implement these hooks.
+
+A plugin is a module listed under the entry-point group ``grpo`` in its distribution's
+pyproject.toml::
+
+    [project.entry-points.grpo]
+    countdown = "grpo_countdown.plugin"
+
+and holding functions marked ``@grpocli.hookimpl`` whose names are hooks below. Each hook
+receives a ``register`` callback; call it once per thing the plugin provides. Hooks are
+always called with keyword arguments, so a plugin may accept only the ones it needs.
+Built-in rewards, datasets and curricula register through these same hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("grpo")
+
+
+class Register(Protocol):
+    """The callback a hook receives: ``register(name, fn, description="...")``."""
+
+    def __call__(self, name: str, fn: Callable[..., Any], *, description: str = "") -> None: ...
+
+
+@hookspec
+def register_rewards(register: Register) -> None:
+    """Register reward functions.
+
+    A reward function has the contract of TRL's GRPOTrainer, so existing ones work unchanged::
+
+        def fn(prompts: list, completions: list, **kwargs) -> list[float | None]
+
+    ``prompts`` and ``completions`` are strings (or chat message lists for conversational
+    data); every other dataset column arrives as a keyword argument by name, one value per
+    completion, and the recipe's ``[[rewards]] args`` arrive as keyword arguments too. Return
+    one float per completion, or None where the reward does not apply. ``async def`` works.
+    Names are namespaced by convention: ``"countdown.equation"``.
+    """
+
+
+@hookspec
+def register_datasets(register: Register) -> None:
+    """Register dataset loaders.
+
+    A loader is called as ``loader(split=..., seed=..., **args)`` with the recipe's
+    ``[data] args`` and returns a ``datasets.Dataset`` (or a list of dicts) with a ``prompt``
+    column (a string, or a list of chat messages) and any columns its rewards read.
+    """
+
+
+@hookspec
+def register_curricula(register: Register) -> None:
+    """Register curriculum (dynamic prompt) functions.
+
+    Called after each generation as ``fn(prompts=..., completions=..., rewards=..., metas=...,
+    state=...)`` where ``metas`` are the dataset rows of the prompts and ``state`` a dict the
+    function may keep between calls; it returns the rows (dicts with a ``prompt``) to
+    generate from next, or None to go on with the dataset's order.
+    """

@@ -1,0 +1,139 @@
+"""The plugin manager: built-ins first, then entry points of the group ``grpo``.
+
+Environment variables (as pytest and simonw/llm have them):
+  GRPO_DISABLE_PLUGIN_AUTOLOAD=1   load no entry-point plugins (built-ins still load)
+  GRPO_PLUGINS=name1,name2         load only these entry points (by entry-point or
+                                   distribution name); with autoload disabled, these still load
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+
+import pluggy
+
+from grpocli import __version__
+from grpocli.errors import UserError
+from grpocli.registry import hookspecs
+from grpocli.registry.names import Registry
+
+GROUP = "grpo"
+BUILTIN_PLUGINS = ("grpocli.rewards.builtin", "grpocli.data.builtin", "grpocli.data.curricula")
+KINDS = {"rewards": "reward", "datasets": "dataset", "curricula": "curriculum"}
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin: its name, module, and the distribution that shipped it."""
+
+    name: str
+    module: str
+    distribution: str
+    version: str
+
+
+@dataclass
+class Plugins:
+    """Everything the plugins registered, by kind, and the plugins themselves."""
+
+    rewards: Registry = field(default_factory=lambda: Registry("reward"))
+    datasets: Registry = field(default_factory=lambda: Registry("dataset"))
+    curricula: Registry = field(default_factory=lambda: Registry("curriculum"))
+    loaded: list[PluginInfo] = field(default_factory=list)
+
+    def registered_by(self, plugin: str) -> dict[str, list[str]]:
+        """{kind: [names]} that one plugin registered."""
+        out: dict[str, list[str]] = {}
+        for attr in KINDS:
+            names = [e.name for e in getattr(self, attr) if e.plugin == plugin]
+            if names:
+                out[attr] = names
+        return out
+
+
+def load_plugins(extra: list[tuple[str, object]] | None = None) -> Plugins:
+    """Load built-ins and entry-point plugins, call their hooks, return the registries.
+
+    ``extra`` is a list of (name, module-or-object) registered after the others (for tests
+    and for recipes that name a module directly).
+    """
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    plugins = Plugins()
+    for module_name in BUILTIN_PLUGINS:
+        module = importlib.import_module(module_name)
+        _register(pm, plugins, module, PluginInfo(module_name, module_name, "grpocli", __version__))
+    for ep in _selected_entry_points():
+        module = _load_entry_point(ep)
+        dist = ep.dist.name if ep.dist else "?"
+        version = ep.dist.version if ep.dist else "?"
+        _register(pm, plugins, module, PluginInfo(ep.name, ep.value, dist, version))
+    for name, obj in extra or []:
+        _register(pm, plugins, obj, PluginInfo(name, getattr(obj, "__name__", name), "(local)", "-"))
+    return plugins
+
+
+def _register(pm: pluggy.PluginManager, plugins: Plugins, obj: object, info: PluginInfo) -> None:
+    if pm.is_registered(obj):
+        return
+    try:
+        pm.register(obj, name=info.name)
+    except (ValueError, pluggy.PluginValidationError) as exc:
+        raise UserError(
+            f"plugin {info.name!r} ({info.distribution}) could not be registered: {exc}",
+            valid="hook functions named as in grpocli.registry.hookspecs",
+            hint="run `grpo inspect plugins` with GRPO_DISABLE_PLUGIN_AUTOLOAD=1 to go on without it",
+        ) from None
+    plugins.loaded.append(info)
+    for attr in KINDS:
+        impls = [i for i in getattr(pm.hook, f"register_{attr}").get_hookimpls() if i.plugin is obj]
+        for impl in impls:
+            register = getattr(plugins, attr).registrar(info.name, info.distribution)
+            try:
+                impl.function(register=register)
+            except UserError:
+                raise
+            except Exception as exc:  # a plugin's own bug: name it
+                raise UserError(
+                    f"plugin {info.name!r} ({info.distribution}) failed in register_{attr}: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint="fix or uninstall the plugin, or set GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
+                ) from None
+
+
+def _selected_entry_points() -> list[metadata.EntryPoint]:
+    eps = list(metadata.entry_points(group=GROUP))
+    wanted = os.environ.get("GRPO_PLUGINS")
+    if wanted is not None:
+        names = {n.strip() for n in wanted.split(",") if n.strip()}
+        known = {ep.name for ep in eps} | {ep.dist.name for ep in eps if ep.dist}
+        missing = sorted(names - known)
+        if missing:
+            raise UserError(
+                f"GRPO_PLUGINS names {', '.join(missing)}, which no installed distribution provides",
+                where="environment variable GRPO_PLUGINS",
+                valid=", ".join(sorted(known)) or "(no entry-point plugins are installed)",
+                hint="pip install the plugin, or unset GRPO_PLUGINS",
+            )
+        return [ep for ep in eps if ep.name in names or (ep.dist and ep.dist.name in names)]
+    if os.environ.get("GRPO_DISABLE_PLUGIN_AUTOLOAD", "").strip() not in ("", "0", "false"):
+        return []
+    return eps
+
+
+def _load_entry_point(ep: metadata.EntryPoint) -> ModuleType:
+    try:
+        return ep.load()
+    except Exception as exc:
+        dist = ep.dist.name if ep.dist else "?"
+        raise UserError(
+            f"plugin {ep.name!r} from distribution {dist} failed to import ({ep.value}): "
+            f"{type(exc).__name__}: {exc}",
+            where=f"entry point {ep.name} = {ep.value}",
+            hint=f"pip install --upgrade {dist}, or pip uninstall {dist}, or skip it with "
+            "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
+        ) from None
