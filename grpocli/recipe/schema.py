@@ -279,12 +279,11 @@ class Recipe(BaseSettings):
 
     @model_validator(mode="after")
     def _batch_layout(self) -> Recipe:
-        t, g = self.train, self.generation
-        completions = t.prompts_per_step * g.num_generations
-        if completions % t.num_processes:
+        t = self.train
+        if t.prompts_per_step % t.num_processes:
             raise ValueError(
-                f"train.prompts_per_step x generation.num_generations = {completions} completions "
-                f"per step must divide evenly over train.num_processes = {t.num_processes}; "
+                f"train.prompts_per_step = {t.prompts_per_step} must divide evenly over "
+                f"train.num_processes = {t.num_processes} (each process samples whole groups); "
                 f"valid prompts_per_step: multiples of {t.num_processes}"
             )
         if not self.rewards:

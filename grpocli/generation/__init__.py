@@ -1,0 +1,1 @@
+"""Generation backends. Only this package (and server/) imports vllm."""

@@ -1,0 +1,1 @@
+"""The training loop (Accelerate), batching, checkpoints and resume."""

@@ -1,0 +1,214 @@
+"""The GRPO training loop. One generation batch per cycle, read top to bottom:
+
+    1. prompts        the stream (or the curriculum) gives B prompts, split over processes
+    2. generate       G completions per prompt from the backend
+    3. rewards        every reward function, weighted; per-reward metrics
+    4. advantages     group-relative, over all processes; zero-spread groups dropped
+    5. micro-batches  only sequences that carry signal; old / reference log-probs if needed
+    6. update         num_iterations x steps_per_generation optimizer steps
+    7. sync           new weights to the generation backend
+    8. record         metrics.jsonl, rollouts, checkpoint
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from grpocli.algorithms import ADVANTAGES, overlong_penalty, zero_spread_groups
+from grpocli.generation.base import Sampling
+from grpocli.recipe import Resolved
+from grpocli.rewards import score
+from grpocli.trainer.batching import make_micro_batches, select_sequences
+from grpocli.trainer.checkpoint import save_checkpoint
+from grpocli.trainer.metrics import gather_floats, length_metrics, write_rollouts
+from grpocli.trainer.rollouts import Rollouts
+from grpocli.trainer.setup import Session, TrainingStopped
+from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
+
+
+def train(resolved: Resolved) -> None:
+    """Run `grpo train` in this process (one of several under `accelerate launch`)."""
+    s = Session.open(resolved)
+    try:
+        Loop(s).run()
+    finally:
+        s.close()
+
+
+class Loop:
+    def __init__(self, s: Session) -> None:
+        self.s = s
+        r = s.recipe
+        self.sampling = Sampling.from_section(r.generation)
+        self.settings = LossSettings(
+            loss=r.algorithm.loss, epsilon_low=r.algorithm.epsilon_low,
+            epsilon_high=r.algorithm.epsilon_high, beta=r.algorithm.beta,
+            kl_estimator=r.algorithm.kl_estimator, temperature=r.generation.temperature,
+            max_completion_length=r.generation.max_completion_length,
+        )
+        self.cycle = r.train.steps_per_generation * r.algorithm.num_iterations
+
+    def run(self) -> None:
+        s, r = self.s, self.s.recipe
+        while s.step < r.train.steps:
+            timings: dict[str, float] = {}
+            rollouts = self.collect(timings)                       # phases 1-4
+            slices = self.slices(rollouts, timings)                         # phase 5
+            for _ in range(r.algorithm.num_iterations):                     # phase 6
+                for part, batches in slices:
+                    if s.step >= r.train.steps:
+                        break
+                    t0 = time.perf_counter()
+                    stats = optimizer_step(s.accelerator, s.model, s.optimizer, batches, self.settings,
+                                           max_grad_norm=r.train.max_grad_norm)
+                    lr = s.scheduler.get_last_lr()[0]
+                    s.scheduler.step()
+                    s.step += 1
+                    timings["time/training"] = time.perf_counter() - t0
+                    self.record(part, stats, timings, lr)           # phase 8
+            t0 = time.perf_counter()
+            s.backend.sync_weights(s.accelerator.unwrap_model(s.model))    # phase 7
+            s.maybe_refresh_reference()
+            timings["time/weight_sync"] = time.perf_counter() - t0
+            self.maybe_checkpoint()
+        s.progress.note(f"done: {s.step} steps; run directory {s.run.root}")
+
+    # -- phases 1-4 ----------------------------------------------------------------------
+    def collect(self, timings: dict[str, float]) -> Rollouts:
+        s, r = self.s, self.s.recipe
+        g = r.generation.num_generations
+        rows = s.next_rows(r.train.prompts_per_step * r.train.steps_per_generation)  # 1. [B]
+        texts = [s.render(row) for row in rows]
+        t0 = time.perf_counter()
+        generated = s.backend.generate(texts, g, self.sampling)                      # 2. [B*G]
+        timings["time/generation"] = time.perf_counter() - t0
+        rollouts = Rollouts(
+            rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
+            completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
+            truncated=torch.tensor(generated.truncated, dtype=torch.bool), group_size=g,
+            engine_logprobs=generated.logprobs,
+        )
+        t0 = time.perf_counter()
+        self.score(rollouts)                                                          # 3.
+        timings["time/rewards"] = time.perf_counter() - t0
+        self.advantages(rollouts)                                                     # 4.
+        s.after_generation(rollouts)
+        return rollouts
+
+    def score(self, rollouts: Rollouts) -> None:
+        s, r = self.s, self.s.recipe
+        column = r.data.prompt_column
+        scores = score(
+            s.reward_fns, rollouts.prompts(column), rollouts.completions,
+            rollouts.columns(exclude=(column, "prompt_text")), r.algorithm.reward_combination,
+            completion_ids=rollouts.completion_ids,
+        )
+        total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
+        op = r.algorithm.overlong_penalty
+        if op.buffer_length:
+            total += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
+                                      op.buffer_length, op.penalty)
+        rollouts.rewards, rollouts.per_reward, rollouts.reward_errors = total, scores.per_reward, scores.errors
+
+    def advantages(self, rollouts: Rollouts) -> None:
+        """Group-relative advantages over all processes' groups, then this process's slice."""
+        s, r = self.s, self.s.recipe
+        g = rollouts.group_size
+        everyone = gather_floats(s.accelerator, rollouts.rewards).view(-1, g)       # [W*B, G]
+        adv = ADVANTAGES[r.algorithm.advantage_scale](everyone)                     # [W*B, G]
+        zero = zero_spread_groups(everyone)                                          # [W*B]
+        b, rank = rollouts.num_prompts, s.accelerator.process_index
+        mine = slice(rank * b, (rank + 1) * b)
+        keep = ~zero[mine] if r.algorithm.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+        rollouts.advantages = adv[mine].reshape(-1)                                  # [B*G]
+        rollouts.keep = keep.repeat_interleave(g)                                     # [B*G]
+        s.group_stats = {"frac_reward_zero_std": float(zero.float().mean()),
+                         "real_batch_size_ratio": float((~zero).float().mean())
+                         if r.algorithm.drop_zero_spread_groups else 1.0}
+
+    # -- phase 5 -------------------------------------------------------------------------
+    def slices(self, rollouts: Rollouts, timings: dict[str, float]) -> list[tuple[Rollouts, list]]:
+        """Split the generation batch into steps_per_generation optimizer batches of micro-batches."""
+        s, r = self.s, self.s.recipe
+        n_slices = r.train.steps_per_generation
+        per = rollouts.num_prompts // n_slices
+        out, t_logp = [], 0.0
+        for k in range(n_slices):
+            part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))
+            batches = make_micro_batches(
+                part, select_sequences(part, r.algorithm.mask_truncated_completions),
+                pad_id=s.pad_id, max_sequences=r.train.micro_batch_size,
+                max_tokens=r.train.max_tokens_per_micro_batch,
+            )
+            t0 = time.perf_counter()
+            if self.cycle > 1:  # the policy moves before these batches are used: keep the old log-probs
+                fill_logprobs(s.accelerator.unwrap_model(s.model), batches, self.settings.temperature, "old_logp")
+            if s.reference is not None:
+                fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
+            t_logp += time.perf_counter() - t0
+            out.append((part, batches))
+        timings["time/logprobs"] = t_logp
+        return out
+
+    # -- phase 8 -------------------------------------------------------------------------
+    def record(self, part: Rollouts, stats: dict[str, float],
+               timings: dict[str, float], lr: float) -> None:
+        s, r = self.s, self.s.recipe
+        acc = s.accelerator
+        rewards = gather_floats(acc, part.rewards)                                   # [W*B*G]
+        tokens = max(stats["tokens"], 1.0)
+        generated = gather_floats(acc, part.completion_lengths()).sum()
+        s.num_tokens += int(generated) + acc.reduce(
+            torch.tensor(sum(len(p) for p in part.prompt_ids) * part.group_size, device=acc.device),
+            reduction="sum").item()
+        step_time = sum(timings.values())
+        metrics: dict[str, Any] = {
+            "step": s.step, "epoch": s.stream.epoch, "loss": stats["loss"],
+            "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            **self.reward_metrics(part), **length_metrics(part), **s.group_stats,
+            "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
+            "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
+            "clip_ratio/region_mean": stats["clip_region"] / tokens,
+            "grad_norm": stats["grad_norm"], "learning_rate": lr, "num_tokens": s.num_tokens,
+            "skipped_update": stats["skipped"], **timings,
+            "tokens_per_second": float(generated) / step_time if step_time else 0.0,
+        }
+        if stats["skipped"] and stats["tokens"]:
+            s.nonfinite(metrics)
+        if acc.is_main_process:
+            s.metrics.write(metrics)
+            if r.log.rollouts_every and s.step % r.log.rollouts_every == 0:
+                write_rollouts(s.run, s.step, part)
+        if r.log.report_to:
+            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=s.step)
+        s.progress.update(metrics, r.train.steps)
+        s.watch(metrics)
+
+    def reward_metrics(self, part: Rollouts) -> dict[str, float]:
+        out = {}
+        for name, values in part.per_reward.items():
+            v = gather_floats(self.s.accelerator, torch.tensor(
+                [float("nan") if x is None else float(x) for x in values], dtype=torch.float32))
+            ok = v[~torch.isnan(v)]
+            out[f"rewards/{name}/mean"] = float(ok.mean()) if len(ok) else float("nan")
+            out[f"rewards/{name}/std"] = float(ok.std()) if len(ok) > 1 else 0.0
+            if part.reward_errors.get(name):
+                out[f"rewards/{name}/errors"] = part.reward_errors[name]
+        return out
+
+    def maybe_checkpoint(self) -> None:
+        s, r = self.s, self.s.recipe
+        every = r.train.save_steps
+        due = every and (s.step // every) > (s.last_saved // every)
+        if due or s.step >= r.train.steps:
+            save_checkpoint(
+                s.run, s.step, accelerator=s.accelerator, model=s.model, tokenizer=s.tokenizer,
+                optimizer=s.optimizer, scheduler=s.scheduler, state=s.state(), keep=r.train.save_total_limit,
+            )
+            s.last_saved = s.step
+
+
+__all__ = ["Loop", "TrainingStopped", "train"]

@@ -1,0 +1,64 @@
+"""`Rollouts`: one generation batch as every stage reads and extends it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Rollouts:
+    """B prompts x G completions, prompt-major (rows [i*G:(i+1)*G] belong to prompt i)."""
+
+    rows: list[dict[str, Any]]          # [B]   dataset rows (all columns)
+    prompt_ids: list[list[int]]         # [B][Tp]
+    completion_ids: list[list[int]]     # [B*G][Tc]
+    completions: list[str]              # [B*G] decoded
+    truncated: torch.Tensor             # [B*G] bool: no EOS within max_completion_length
+    group_size: int
+    engine_logprobs: list[list[float]] | None = None  # [B*G][Tc] from the generation engine
+    # filled by scoring
+    rewards: torch.Tensor | None = None             # [B*G] total reward
+    per_reward: dict[str, list[float | None]] = field(default_factory=dict)
+    reward_errors: dict[str, int] = field(default_factory=dict)
+    # filled by advantages
+    advantages: torch.Tensor | None = None          # [B*G]
+    keep: torch.Tensor | None = None                # [B*G] bool: enters the loss
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.rows)
+
+    def prompts(self, column: str) -> list[Any]:
+        """The original prompt of each completion ([B*G]), as rewards receive it."""
+        return [row[column] for row in self.rows for _ in range(self.group_size)]
+
+    def columns(self, exclude: tuple[str, ...]) -> dict[str, list[Any]]:
+        """Every other dataset column, one value per completion ([B*G] each)."""
+        names = [k for k in self.rows[0] if k not in exclude] if self.rows else []
+        return {k: [row[k] for row in self.rows for _ in range(self.group_size)] for k in names}
+
+    def completion_lengths(self) -> torch.Tensor:
+        return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)  # [B*G]
+
+    def select_groups(self, groups: list[int]) -> Rollouts:
+        """A Rollouts holding only the given prompt groups (in that order)."""
+        g = self.group_size
+        idx = [i * g + j for i in groups for j in range(g)]
+        pick = torch.tensor(idx, dtype=torch.long)
+        return Rollouts(
+            rows=[self.rows[i] for i in groups],
+            prompt_ids=[self.prompt_ids[i] for i in groups],
+            completion_ids=[self.completion_ids[i] for i in idx],
+            completions=[self.completions[i] for i in idx],
+            truncated=self.truncated[pick],
+            group_size=g,
+            engine_logprobs=[self.engine_logprobs[i] for i in idx] if self.engine_logprobs else None,
+            rewards=self.rewards[pick] if self.rewards is not None else None,
+            per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()},
+            reward_errors=dict(self.reward_errors),
+            advantages=self.advantages[pick] if self.advantages is not None else None,
+            keep=self.keep[pick] if self.keep is not None else None,
+        )

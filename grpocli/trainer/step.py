@@ -1,0 +1,142 @@
+"""One optimizer step over micro-batches: the clipped surrogate, KL, aggregation, backward, update.
+
+Phases (per micro-batch): log-probs -> ratio and clipping -> KL -> named aggregation -> backward.
+Then: clip the global gradient norm -> optimizer step (skipped on a non-finite norm).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpocli.algorithms import KL_ESTIMATORS, LOSSES, LossNorm, clipped_surrogate, logprobs_from_model
+from grpocli.trainer.batching import MicroBatch
+
+#: Sums accumulated over micro-batches and processes, turned into TRL's metric names.
+STAT_KEYS = ("tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "loss")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    loss: str
+    epsilon_low: float
+    epsilon_high: float
+    beta: float
+    kl_estimator: str
+    temperature: float
+    max_completion_length: int
+
+
+def sequence_logprobs(
+    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of every predicted token of the micro-batch: `[b, L-1]` (and entropy)."""
+    width = mb.input_ids.shape[1]
+    device = next(model.parameters()).device
+    return logprobs_from_model(
+        model,
+        mb.input_ids.to(device),
+        mb.attention_mask.to(device),
+        logits_to_keep=width - 1,
+        temperature=temperature,
+        with_entropy=with_entropy,
+    )
+
+
+def micro_batch_loss(
+    model: Any, mb: MicroBatch, s: LossSettings, norm: LossNorm
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the batch loss, and masked sums for the metrics."""
+    # 1. log-probs under the current policy                      # [b, L-1]
+    logp, entropy = sequence_logprobs(model, mb, s.temperature, with_entropy=True)
+    device = logp.device
+    mask = mb.loss_mask.to(device)                                 # [b, L-1]
+    # 2. ratio to the policy that generated (== 1 on the first update: old = detached current)
+    old = mb.old_logp.to(device) if mb.old_logp is not None else logp.detach()
+    per_token, low, high = clipped_surrogate(
+        logp, old, mb.advantages.to(device), s.epsilon_low, s.epsilon_high
+    )                                                              # [b, L-1]
+    # 3. KL to the reference model
+    kl = None
+    if s.beta > 0 and mb.ref_logp is not None:
+        kl = KL_ESTIMATORS[s.kl_estimator](logp, mb.ref_logp.to(device))  # [b, L-1]
+        per_token = per_token + s.beta * kl
+    # 4. the named aggregation (grpo, bnpo, dr_grpo, dapo): a share of the whole batch's loss
+    loss = LOSSES[s.loss](per_token, mask, norm)
+    with torch.no_grad():
+        stats = {
+            "tokens": float(mask.sum()),
+            "kl": float((kl * mask).sum()) if kl is not None else 0.0,
+            "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
+            "clip_low": float((low.float() * mask).sum()),
+            "clip_high": float((high.float() * mask).sum()),
+            "clip_region": float(((low | high).float() * mask).sum()),
+            "loss": float(loss.detach()),
+        }
+    return loss, stats
+
+
+def optimizer_step(
+    accelerator: Any,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[MicroBatch],
+    s: LossSettings,
+    *,
+    max_grad_norm: float,
+) -> dict[str, float]:
+    """Backward over every micro-batch (gradients synced once, at the last), then one update."""
+    # 1. global counts: every aggregation divides by the whole batch, all processes together
+    counts = torch.tensor(
+        [sum(mb.loss_mask.shape[0] for mb in micro_batches), sum(mb.num_tokens for mb in micro_batches),
+         len(micro_batches)], dtype=torch.float64, device=accelerator.device,
+    )
+    counts = accelerator.reduce(counts, reduction="sum")
+    sequences, tokens, num_mb = (int(x) for x in counts.tolist())
+    totals = dict.fromkeys(STAT_KEYS, 0.0)
+    if sequences == 0:  # every group had zero spread everywhere: nothing to learn from
+        return {"skipped": 1.0, **totals, "grad_norm": 0.0}
+    norm = LossNorm(
+        num_sequences=sequences, num_tokens=max(tokens, 1),
+        max_completion_length=s.max_completion_length, num_micro_batches=max(num_mb, 1),
+        world_size=accelerator.num_processes,
+    )
+    # 2. forward + backward per micro-batch; a process with none still joins the gradient sync
+    batches = micro_batches or [None]
+    for k, mb in enumerate(batches):
+        last = k == len(batches) - 1
+        with nullcontext() if last else accelerator.no_sync(model):
+            if mb is None:
+                loss, stats = _zero_loss(model), {}
+            else:
+                loss, stats = micro_batch_loss(model, mb, s, norm)
+            accelerator.backward(loss * norm.world_size)  # undo DDP's mean over processes
+        for key, value in stats.items():
+            totals[key] += value
+    # 3. clip, then step unless the gradient is not finite
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+    grad_norm = float(grad_norm)
+    skipped = not math.isfinite(grad_norm)
+    if not skipped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    summed = accelerator.reduce(torch.tensor([totals[k] for k in STAT_KEYS], dtype=torch.float64,
+                                             device=accelerator.device), reduction="sum").tolist()
+    return {**dict(zip(STAT_KEYS, summed)), "grad_norm": grad_norm, "skipped": float(skipped)}
+
+
+def _zero_loss(model: Any) -> torch.Tensor:
+    """A loss of 0 that still touches every parameter, so DDP's all-reduce happens."""
+    return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def fill_logprobs(model: Any, micro_batches: list[MicroBatch], temperature: float, attr: str) -> None:
+    """Store the log-probs of a frozen pass (old policy or reference) on each micro-batch."""
+    for mb in micro_batches:
+        logp, _ = sequence_logprobs(model, mb, temperature)
+        setattr(mb, attr, logp.detach().cpu())
