@@ -1,0 +1,58 @@
+"""Pure tensor functions of GRPO: advantages, policy losses, KL estimators, token log-probs.
+
+Each variant is a named function in a table keyed by its recipe name:
+`ADVANTAGES[algorithm.advantage_scale]`, `LOSSES[algorithm.loss]`,
+`KL_ESTIMATORS[algorithm.kl_estimator]`. Imports torch: keep it out of `grpo --help`'s imports.
+"""
+
+from grpocli.algorithms.advantages import (
+    ADVANTAGES,
+    STD_EPS,
+    batch_scaled_advantages,
+    centered_advantages,
+    group_scaled_advantages,
+    overlong_penalty,
+    zero_spread_groups,
+)
+from grpocli.algorithms.kl import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3
+from grpocli.algorithms.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    logprobs_from_model,
+    token_entropy,
+    token_logprobs,
+)
+from grpocli.algorithms.losses import (
+    LOSSES,
+    LossNorm,
+    bnpo_loss,
+    clipped_surrogate,
+    dapo_loss,
+    dr_grpo_loss,
+    grpo_loss,
+)
+
+__all__ = [
+    "ADVANTAGES",
+    "DEFAULT_CHUNK_TOKENS",
+    "KL_ESTIMATORS",
+    "LOSSES",
+    "STD_EPS",
+    "LossNorm",
+    "batch_scaled_advantages",
+    "bnpo_loss",
+    "centered_advantages",
+    "clipped_surrogate",
+    "dapo_loss",
+    "dr_grpo_loss",
+    "group_scaled_advantages",
+    "grpo_loss",
+    "kl_abs",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "logprobs_from_model",
+    "overlong_penalty",
+    "token_entropy",
+    "token_logprobs",
+    "zero_spread_groups",
+]

@@ -1,0 +1,229 @@
+"""Built-in rewards, registered through the same hook as third-party plugins.
+
+Every function has TRL's reward contract ``fn(prompts, completions, **kwargs) -> list[float |
+None]``: dataset columns arrive by name (one value per completion) together with the recipe's
+``[[rewards]] args``; unknown keywords are ignored. ``recipe_args`` on a function lists the
+args it reads, so a misspelt arg in a recipe is an error instead of a silent default.
+Light imports only: math-verify is imported where it is used.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable
+
+import grpocli
+from grpocli.errors import UserError
+from grpocli.rewards.expression import parse_expression
+from grpocli.rewards.text import answer_tag, completion_text, last_boxed, last_integer, last_line
+
+STRICT_FORMAT = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>", re.DOTALL)
+SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+STEP_MARKERS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)", re.MULTILINE)
+TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+MATH_VERIFY_TIMEOUT_S = 5
+
+
+def recipe_args(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark the ``[[rewards]] args`` a reward reads (checked by ``grpocli.rewards.resolve``)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.recipe_args = frozenset(names)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+@recipe_args()
+def format_strict(prompts: list, completions: list, **kwargs: Any) -> list[float]:
+    """1.0 when the completion is exactly <think>\\n...\\n</think>\\n<answer>\\n...\\n</answer> (DeepSeek-R1)."""
+    out = []
+    for c in completions:
+        text = completion_text(c)
+        once = all(text.count(tag) == 1 for tag in TAGS)
+        out.append(1.0 if once and STRICT_FORMAT.fullmatch(text) else 0.0)
+    return out
+
+
+@recipe_args()
+def format_soft(prompts: list, completions: list, **kwargs: Any) -> list[float]:
+    """1.0 when <think>...</think> is followed by <answer>...</answer> anywhere (TRL's soft format)."""
+    return [1.0 if SOFT_FORMAT.search(completion_text(c)) else 0.0 for c in completions]
+
+
+@recipe_args()
+def format_answer_tag(prompts: list, completions: list, **kwargs: Any) -> list[float]:
+    """1.0 when the completion holds exactly one <answer>...</answer>."""
+    out = []
+    for c in completions:
+        text = completion_text(c)
+        once = text.count("<answer>") == 1 and text.count("</answer>") == 1
+        out.append(1.0 if once and answer_tag(text) is not None else 0.0)
+    return out
+
+
+@recipe_args("min_steps")
+def reasoning_steps(prompts: list, completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:
+    """Share of min_steps step markers found ('Step 1:', '1.', bullets, 'First,'), capped at 1 (open-r1)."""
+    if min_steps < 1:
+        raise UserError(f"min_steps must be >= 1, got {min_steps!r}", valid="an integer >= 1")
+    return [min(1.0, len(STEP_MARKERS.findall(completion_text(c))) / min_steps) for c in completions]
+
+
+@recipe_args("target", "normalize", "target_length")
+def length(
+    prompts: list,
+    completions: list,
+    target: Any = 20,
+    normalize: bool = True,
+    target_length: int | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """-|target - characters| (TRL's reward_len example); divided by target when normalize.
+
+    ``target_length`` is the same arg under a name that no dataset column (such as
+    Countdown's ``target``) can take.
+    """
+    if target_length is not None:
+        target = target_length
+    elif isinstance(target, (list, tuple)):
+        raise UserError(
+            "reward 'length' received the dataset column 'target' as its target length",
+            valid="args.target_length = <characters> when the dataset has a 'target' column",
+            hint="set args.target_length in this [[rewards]] entry",
+        )
+    if normalize and target <= 0:
+        raise UserError(f"target must be > 0 when normalize = true, got {target!r}", valid="target >= 1")
+    scale = float(target) if normalize else 1.0
+    return [-abs(target - len(completion_text(c))) / scale for c in completions]
+
+
+@recipe_args()
+def arithmetic_exact(prompts: list, completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 when the last integer of the completion (inside <answer> if present) equals the answer column."""
+    if answer is None:
+        raise _missing_column("arithmetic.exact", "answer", kwargs)
+    out: list[float | None] = []
+    for c, gold in zip(completions, answer):
+        try:
+            expected = int(str(gold).strip())
+        except ValueError:
+            out.append(None)  # the row has no integer answer: the reward does not apply
+            continue
+        text = completion_text(c)
+        tagged = answer_tag(text)
+        out.append(1.0 if last_integer(text if tagged is None else tagged) == expected else 0.0)
+    return out
+
+
+@recipe_args("format_score")
+def countdown_equation(
+    prompts: list,
+    completions: list,
+    nums: list | None = None,
+    target: list | None = None,
+    format_score: float = 0.1,
+    **kwargs: Any,
+) -> list[float]:
+    """Countdown (TinyZero): 1.0 for an equation using each of nums once that equals target.
+
+    The answer is the <answer> content, else the last line. An equation that uses the numbers
+    correctly but misses the target scores ``format_score``; anything else scores 0.0.
+    """
+    if nums is None or target is None:
+        raise _missing_column("countdown.equation", "nums" if nums is None else "target", kwargs)
+    out = []
+    for c, numbers, goal in zip(completions, nums, target):
+        text = completion_text(c)
+        tagged = answer_tag(text)
+        expr = parse_expression(last_line(text) if tagged is None else tagged)
+        if expr is None or sorted(expr.numbers) != sorted(int(n) for n in numbers):
+            out.append(0.0)
+            continue
+        value = expr.value()
+        out.append(1.0 if value is not None and value == int(goal) else float(format_score))
+    return out
+
+
+@recipe_args("answer_column")
+def math_accuracy(
+    prompts: list, completions: list, answer_column: str = "answer", **kwargs: Any
+) -> list[float | None]:
+    """1.0 when the answer equals the gold under math-verify (TRL's accuracy_reward); None if gold does not parse.
+
+    The answer is the <answer> content, else the last \\boxed{}, else the whole completion.
+    Gold comes from column ``answer_column`` (or ``solution``, TRL's name).
+    """
+    golds = kwargs.get(answer_column)
+    if golds is None and answer_column == "answer":
+        golds = kwargs.get("solution")
+    if golds is None:
+        raise _missing_column("math.accuracy", answer_column, kwargs, hint_arg="answer_column")
+    from math_verify import parse, verify
+
+    # math-verify times out with signal.alarm, which works only in the main thread.
+    seconds = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    parsed_golds: dict[str, list] = {}
+    out: list[float | None] = []
+    for c, gold in zip(completions, golds):
+        key = str(gold)
+        if key not in parsed_golds:
+            parsed_golds[key] = _parse_gold(parse, key, seconds)
+        if not parsed_golds[key]:
+            out.append(None)
+            continue
+        text = completion_text(c)
+        tagged, boxed = answer_tag(text), last_boxed(text)
+        pred = tagged if tagged is not None else (f"\\boxed{{{boxed}}}" if boxed is not None else text)
+        try:
+            answer = parse(pred, parsing_timeout=seconds)
+            out.append(float(verify(parsed_golds[key], answer, timeout_seconds=seconds)))
+        except Exception:  # math-verify's own failures on odd input count as wrong
+            out.append(0.0)
+    return out
+
+
+def _parse_gold(parse: Callable[..., list], gold: str, seconds: int | None) -> list:
+    """Gold as written, else as LaTeX math ('x^2+1' parses only inside $...$); plain words
+    are never wrapped, since math-verify would read them as products of symbols."""
+    candidates = [gold]
+    if any(ch in gold for ch in "\\^_{}=+-*/0123456789"):
+        candidates.append(f"${gold}$")
+    for candidate in candidates:
+        try:
+            parsed = parse(candidate, parsing_timeout=seconds)
+        except Exception:
+            parsed = []
+        if parsed:
+            return parsed
+    return []
+
+
+def _missing_column(reward: str, column: str, kwargs: dict, hint_arg: str | None = None) -> UserError:
+    present = ", ".join(sorted(kwargs)) or "(none)"
+    hint = f"set args.{hint_arg} in this [[rewards]] entry, or " if hint_arg else ""
+    return UserError(
+        f"reward {reward!r} needs a dataset column {column!r}, which the batch does not have",
+        valid=f"columns and args present: {present}",
+        hint=f"{hint}use a dataset with that column (`grpo inspect plugins` lists datasets)",
+    )
+
+
+BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
+    "format.strict": format_strict,
+    "format.soft": format_soft,
+    "format.answer_tag": format_answer_tag,
+    "reasoning.steps": reasoning_steps,
+    "length": length,
+    "arithmetic.exact": arithmetic_exact,
+    "countdown.equation": countdown_equation,
+    "math.accuracy": math_accuracy,
+}
+
+
+@grpocli.hookimpl
+def register_rewards(register: Callable[..., None]) -> None:
+    """Register the built-in rewards under their namespaced names."""
+    for name, fn in BUILTIN_REWARDS.items():
+        register(name, fn, description=(fn.__doc__ or "").strip().split("\n", 1)[0])

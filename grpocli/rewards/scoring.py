@@ -1,0 +1,275 @@
+"""Score completions with the recipe's rewards: call each, check what it returned, combine.
+
+Follows TRL's GRPOTrainer (``_calculate_rewards``): every reward gets ``prompts=``,
+``completions=`` (and ``completion_ids=``) plus each dataset column by name; None means "does
+not apply" and counts as 0 in the weighted sum (TRL's nansum). The "gated" combination is
+open-instruct's non-additive format reward: the other rewards count only where every gate
+(format) reward is > 0.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import statistics
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from grpocli.errors import UserError
+from grpocli.rewards import invocation
+from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one, keyword_names
+
+RESERVED = ("prompts", "completions", "completion_ids")
+VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
+MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
+MAX_SECONDS_TO_LOCATE = 30.0
+
+
+@dataclass
+class RewardFn:
+    """One [[rewards]] entry, resolved: a unique label, the function and how it counts."""
+
+    name: str
+    fn: Callable[..., Any]
+    weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)
+    gate: bool = False
+    on_error: Literal["raise", "none"] = "raise"
+
+
+@dataclass
+class Scores:
+    """Per-reward values (None where a reward does not apply or failed), the weighted total,
+    and how many rows each reward scored None because it raised (with on_error = "none")."""
+
+    per_reward: dict[str, list[float | None]]
+    total: list[float]
+    errors: dict[str, int]
+
+
+def combine_sum(values: list[list[float | None]], weights: list[float], gates: list[bool]) -> list[float]:
+    """Weighted sum over rewards per row, None counted as 0 (TRL's nansum)."""
+    rows = len(values[0]) if values else 0
+    return [sum(w * (v[r] or 0.0) for v, w in zip(values, weights)) for r in range(rows)]
+
+
+def combine_gated(values: list[list[float | None]], weights: list[float], gates: list[bool]) -> list[float]:
+    """Gate rewards always count; the others only in rows where every gate reward is > 0."""
+    gate_vals = [v for v, g in zip(values, gates) if g]
+    rows = len(values[0]) if values else 0
+    out = []
+    for r in range(rows):
+        opened = all((v[r] or 0.0) > 0 for v in gate_vals)
+        out.append(sum(w * (v[r] or 0.0) for v, w, g in zip(values, weights, gates) if g or opened))
+    return out
+
+
+COMBINATIONS = {"sum": combine_sum, "gated": combine_gated}
+
+
+def score(
+    fns: list[RewardFn],
+    prompts: list,
+    completions: list,
+    columns: dict[str, list],
+    combination: Literal["sum", "gated"] = "sum",
+    *,
+    completion_ids: list | None = None,
+    timeout: float | None = None,
+) -> Scores:
+    """Call every reward on the batch, check and combine; ``timeout`` bounds each call (seconds)."""
+    _check_batch(fns, prompts, completions, columns, completion_ids, combination)
+    calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids)) for i, rf in enumerate(fns)]
+    outcomes = call_all(calls, timeout)
+    per_reward: dict[str, list[float | None]] = {}
+    errors: dict[str, int] = {}
+    for i, (rf, outcome) in enumerate(zip(fns, outcomes)):
+        if isinstance(outcome, Failed):
+            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeout)
+            per_reward[rf.name] = [None] * len(completions)
+            errors[rf.name] = len(completions)
+        else:
+            per_reward[rf.name] = _check_values(i, rf, outcome, len(completions))
+    weights, gates = [rf.weight for rf in fns], [rf.gate for rf in fns]
+    total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
+    return Scores(per_reward, total, errors)
+
+
+def reward_metrics(scores: Scores) -> dict[str, float]:
+    """TRL's per-reward metrics: rewards/<name>/mean and /std over non-None values (left out when
+    every value is None), plus rewards/<name>/num_none and, where it raised, /num_errors."""
+    out: dict[str, float] = {}
+    for name, values in scores.per_reward.items():
+        present = [v for v in values if v is not None]
+        if present:
+            out[f"rewards/{name}/mean"] = statistics.fmean(present)
+            out[f"rewards/{name}/std"] = statistics.stdev(present) if len(present) > 1 else 0.0
+        out[f"rewards/{name}/num_none"] = float(len(values) - len(present))
+        if scores.errors.get(name):
+            out[f"rewards/{name}/num_errors"] = float(scores.errors[name])
+    return out
+
+
+def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
+    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error).
+
+    A name repeated with other args gets a label ``name#2``, ``name#3``... so metrics stay apart.
+    """
+    out, seen = [], Counter()
+    for i, spec in enumerate(specs):
+        entry = registry.get(spec.name, where=f"rewards[{i}].name")
+        _check_spec(i, spec, entry.fn)
+        seen[spec.name] += 1
+        label = spec.name if seen[spec.name] == 1 else f"{spec.name}#{seen[spec.name]}"
+        out.append(RewardFn(label, entry.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error))
+    return out
+
+
+def _check_spec(i: int, spec: Any, fn: Callable[..., Any]) -> None:
+    if not math.isfinite(float(spec.weight)):
+        raise UserError(f"weight of reward {spec.name!r} is {spec.weight}", where=f"rewards[{i}].weight",
+                        valid="a finite number")
+    if spec.on_error not in ("raise", "none"):
+        raise UserError(f"on_error is {spec.on_error!r}", where=f"rewards[{i}].on_error", valid='"raise", "none"')
+    declared = getattr(fn, "recipe_args", None)
+    if declared is None:
+        declared = keyword_names(fn)  # None: takes **kwargs, so any arg may be read
+    for key in spec.args:
+        if key in RESERVED or (declared is not None and key not in declared):
+            valid = sorted(set(declared or ()) - set(RESERVED))
+            raise UserError(
+                f"reward {spec.name!r} takes no argument {key!r}",
+                where=f"rewards[{i}].args.{key}",
+                valid=", ".join(valid) or "(this reward takes no args)",
+                hint="fix the arg's name, or leave it out",
+            )
+
+
+def _check_batch(fns, prompts, completions, columns, completion_ids, combination) -> None:
+    n = len(completions)
+    if combination not in COMBINATIONS:
+        raise UserError(f"reward combination {combination!r} is unknown", where="algorithm.reward_combination",
+                        valid=", ".join(COMBINATIONS))
+    lengths = {"prompts": len(prompts), **{k: len(v) for k, v in columns.items()}}
+    if completion_ids is not None:
+        lengths["completion_ids"] = len(completion_ids)
+    for key, size in lengths.items():
+        if size != n:
+            raise UserError(f"{key} has {size} rows for {n} completions", where="reward batch",
+                            valid="one value per completion (prompts repeated for each completion)")
+    clash = sorted(set(columns) & set(RESERVED))
+    if clash:
+        raise UserError(f"dataset column(s) {clash} take names the reward call uses itself", where="dataset",
+                        valid=f"column names other than {', '.join(RESERVED)}", hint="rename the column")
+    names = Counter(rf.name for rf in fns)
+    if any(c > 1 for c in names.values()):
+        raise UserError(f"reward names repeat: {sorted(k for k, c in names.items() if c > 1)}",
+                        valid="unique RewardFn.name (grpocli.rewards.resolve labels repeats name#2)")
+
+
+def _kwargs(i, rf, prompts, completions, columns, completion_ids, row: int | None = None) -> dict[str, Any]:
+    clash = sorted(set(rf.args) & set(columns))
+    if clash:
+        raise UserError(
+            f"reward {rf.name!r} has arg {clash[0]!r} and the dataset has a column {clash[0]!r}: "
+            "both would arrive as the same keyword",
+            where=f"rewards[{i}].args.{clash[0]}",
+            valid=f"args named unlike the columns ({', '.join(sorted(columns))})",
+            hint="rename the arg (built-ins document an alternative name), or the column",
+        )
+    pick = (lambda v: v) if row is None else (lambda v: v[row : row + 1])
+    kwargs: dict[str, Any] = {"prompts": pick(prompts), "completions": pick(completions)}
+    kwargs.update({k: pick(v) for k, v in columns.items()})
+    if completion_ids is not None:
+        kwargs["completion_ids"] = pick(completion_ids)
+    kwargs.update(rf.args)
+    return accepted_kwargs(rf.fn, kwargs, keep=set(rf.args))
+
+
+def _check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | None]:
+    def bad(what: str) -> UserError:
+        return UserError(f"reward {rf.name!r} returned {what}", where=f"rewards[{i}] ({rf.name})",
+                         valid=VALID_VALUES, hint="fix the reward function's return value")
+
+    if hasattr(result, "tolist") and hasattr(result, "ndim"):  # numpy array / torch tensor
+        if result.ndim != 1:
+            raise bad(f"an array of shape {tuple(getattr(result, 'shape', ()))}; expected ({n},)")
+        result = result.tolist()
+    if not isinstance(result, (list, tuple)):
+        raise bad(f"{type(result).__name__} {_short(result)}")
+    if len(result) != n:
+        raise bad(f"{len(result)} values for {n} completions")
+    out: list[float | None] = []
+    for row, value in enumerate(result):
+        number = _number(value)
+        if number is False:
+            raise bad(f"{_short(value)} ({type(value).__name__}) at row {row}")
+        if number is not None and math.isinf(number):
+            raise bad(f"{number} at row {row}; infinite rewards make every advantage NaN")
+        out.append(None if number is None or math.isnan(number) else number)
+    return out
+
+
+def _number(value: Any) -> float | None | Literal[False]:
+    """The value as a float, None for None, False when it is no number."""
+    if value is None:
+        return None
+    if not isinstance(value, (bool, numbers.Real)) and hasattr(value, "item"):  # numpy / torch scalar
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return False
+    if isinstance(value, (bool, numbers.Real)):
+        return float(value)
+    return False
+
+
+def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout) -> None:
+    """Raise the UserError for a reward that raised, unless on_error = "none" keeps the run going."""
+    if isinstance(exc, UserError):
+        if exc.where is None:
+            raise UserError(exc.what, where=f"rewards[{i}] ({rf.name})", valid=exc.valid, hint=exc.hint) from exc
+        raise exc
+    if rf.on_error == "none":
+        return
+    row = None
+    if not isinstance(exc, TimeoutError):
+        row = _locate_row(i, rf, type(exc), prompts, completions, columns, completion_ids, timeout)
+    place = f"on a batch of {len(completions)} completions"
+    if row is not None:
+        place = f"on row {row} (completion {_short(completions[row])})"
+    hint = f'fix the function, or set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+        hint = (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
+                f"({', '.join(sorted(columns)) or 'none'}) and its args by name")
+    raise UserError(f"reward {rf.name!r} raised {type(exc).__name__}: {exc} {place}{_origin(exc)}",
+                    where=f"rewards[{i}] ({rf.name})", hint=hint) from exc
+
+
+def _locate_row(i, rf, exc_type, prompts, completions, columns, completion_ids, timeout) -> int | None:
+    """The first row that raises the same exception type when scored alone (None if none does,
+    or if looking takes longer than MAX_SECONDS_TO_LOCATE)."""
+    deadline = time.monotonic() + MAX_SECONDS_TO_LOCATE
+    for row in range(min(len(completions), MAX_ROWS_TO_LOCATE)):
+        if time.monotonic() > deadline:
+            return None
+        kwargs = _kwargs(i, rf, prompts, completions, columns, completion_ids, row=row)
+        outcome = call_one(rf.fn, kwargs, timeout)
+        if isinstance(outcome, Failed) and isinstance(outcome.exc, exc_type):
+            return row
+    return None
+
+
+def _origin(exc: BaseException) -> str:
+    """' at file:line' of the deepest frame in the reward's own code ('' when none is)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != invocation.__file__]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value if not isinstance(value, list) or not value or not isinstance(value[0], dict)
+                else value[-1].get("content", value))
+    return text if len(text) <= 80 else text[:77] + "..."
