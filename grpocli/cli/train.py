@@ -32,6 +32,9 @@ def train(
 
     resolved = load_recipe(recipe, overrides or [])
     if dry_run:
+        from grpocli.trainer.preflight import preflight
+
+        preflight(resolved.recipe)
         typer.echo(to_toml(resolved.recipe))
         return
     from grpocli.trainer.launch import launch

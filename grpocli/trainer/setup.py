@@ -68,12 +68,10 @@ class Session:
         # names first: a typo should not cost a model load
         from grpocli.data.source import load_dataset_for
         from grpocli.data.template import RenderedPrompts
-        from grpocli.registry import load_plugins
-        from grpocli.rewards import resolve
+        from grpocli.trainer.preflight import preflight
 
-        plugins = load_plugins()
-        reward_fns = resolve(r.rewards, plugins.rewards)
-        curriculum = plugins.curricula.get(r.train.curriculum, where="train.curriculum").fn if r.train.curriculum else None
+        checked = preflight(r)
+        plugins, reward_fns, curriculum = checked.plugins, checked.reward_fns, checked.curriculum
         accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=r.train.mixed_precision,
                                   log_with=r.log.report_to or None, project_dir=str(run.root))
         set_seed(r.train.seed)

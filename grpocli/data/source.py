@@ -1,0 +1,136 @@
+"""Resolve ``data.dataset`` to a loader and load one split as a ``datasets.Dataset``.
+
+``data.dataset`` is, in this order: a registered dataset name (``data.args`` go to its
+loader), a local file (a .jsonl/.json/.parquet/.csv name, or any existing path: the "local"
+loader with ``path``), or a hub id containing "/" (the "hub" loader with ``id``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpocli.data.files import BUILDERS
+from grpocli.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
+
+    from grpocli.recipe.schema import DataSection
+    from grpocli.registry.names import Entry, Registry
+
+RESERVED_ARGS = ("split", "seed")
+
+
+def load_dataset_for(
+    data: DataSection, registry: Registry, split: str, seed: int
+) -> datasets.Dataset:
+    """Load ``split`` of the recipe's dataset; every failure is a UserError naming the loader."""
+    entry, args = resolve(data, registry)
+    _check_single_file(entry, args, data, split)
+    _check_args(entry, args)
+    try:
+        loaded = entry.fn(split=split, seed=seed, **args)
+    except UserError:
+        raise
+    except Exception as exc:  # the loader's own failure: say which loader and plugin
+        raise UserError(
+            f"dataset {data.dataset!r} failed to load split {split!r}: {type(exc).__name__}: {exc}",
+            where=f"data.dataset (loader {entry.name!r} from plugin {entry.plugin}, "
+            f"{entry.distribution})",
+            hint="check data.args and data.split; `grpo inspect plugins` shows the loader's "
+            "description",
+        ) from None
+    dataset = _as_dataset(loaded, entry)
+    if len(dataset) == 0:
+        raise UserError(
+            f"dataset {data.dataset!r} split {split!r} has no rows",
+            where="data.dataset",
+            hint="check the file or data.args (num_samples)",
+        )
+    return dataset
+
+
+def resolve(data: DataSection, registry: Registry) -> tuple[Entry, dict[str, Any]]:
+    """The loader entry for ``data.dataset`` and the keyword arguments it gets."""
+    name = data.dataset
+    if name not in registry:
+        if Path(name).suffix.lower() in BUILDERS or Path(name).expanduser().exists():
+            return registry.get("local", where="data.dataset"), {"path": name, **data.args}
+        if "/" in name:
+            return registry.get("hub", where="data.dataset"), {"id": name, **data.args}
+    try:
+        return registry.get(name, where="data.dataset"), dict(data.args)
+    except UserError as exc:  # add the other two forms to what is valid
+        raise UserError(
+            exc.what,
+            where=exc.where,
+            valid=f"{exc.valid}; or a local .jsonl/.json/.parquet/.csv file; or a hub id "
+            "like openai/gsm8k",
+            hint=exc.hint,
+        ) from None
+
+
+def _check_args(entry: Entry, args: dict[str, Any]) -> None:
+    """Unknown or missing ``data.args`` keys, named before the loader runs."""
+    params = inspect.signature(entry.fn).parameters
+    reserved = sorted(set(args) & set(RESERVED_ARGS))
+    if reserved:
+        raise UserError(
+            f"data.args may not set {', '.join(reserved)}",
+            where="data.args",
+            hint="set data.split / data.eval_split and train.seed instead",
+        )
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind is not p.VAR_KEYWORD and n not in RESERVED_ARGS]
+    unknown = sorted(set(args) - set(named))
+    if unknown and not takes_any:
+        raise UserError(
+            f"dataset {entry.name!r} takes no argument {', '.join(map(repr, unknown))}",
+            where="data.args",
+            valid=", ".join(named) or "(no arguments)",
+            hint="`grpo inspect plugins` describes each dataset",
+        )
+    missing = [
+        n for n in named if params[n].default is inspect.Parameter.empty and n not in args
+    ]
+    if missing:
+        raise UserError(
+            f"dataset {entry.name!r} needs data.args.{missing[0]}",
+            where="data.args",
+            valid=", ".join(named),
+        )
+
+
+def _check_single_file(entry: Entry, args: dict[str, Any], data: DataSection, split: str) -> None:
+    """A single file holds one split: asking it for another would evaluate on training rows."""
+    if entry.name != "local" or split == data.split:
+        return
+    path = str(args.get("path", ""))
+    if "{split}" in path or Path(path).expanduser().is_dir():
+        return
+    raise UserError(
+        f"split {split!r} was asked of {path!r}, a single file that holds split "
+        f"{data.split!r} only",
+        where="data.eval_split" if split == data.eval_split else "data.dataset",
+        valid='a path with {split}, e.g. "data/{split}.jsonl" (data/train.jsonl, data/test.jsonl), '
+        "or a directory of files named by split",
+        hint=f"or set data.eval_split = {data.split!r} to evaluate on the training file itself",
+    )
+
+
+def _as_dataset(loaded: Any, entry: Entry) -> datasets.Dataset:
+    import datasets
+
+    if isinstance(loaded, datasets.Dataset):
+        return loaded
+    if isinstance(loaded, (list, tuple)) and all(isinstance(r, dict) for r in loaded):
+        return datasets.Dataset.from_list(list(loaded))
+    raise UserError(
+        f"dataset loader {entry.name!r} returned {type(loaded).__name__}",
+        where=f"plugin {entry.plugin} ({entry.distribution})",
+        valid="a datasets.Dataset (one split) or a list of dicts",
+        hint="fix the plugin's loader (select the split of a DatasetDict; materialize an "
+        "IterableDataset)",
+    )

@@ -1,0 +1,123 @@
+"""Bad input: one clear message (where, what is valid, what next), exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def assert_clean_error(out, *needles: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
+
+
+def make_plugin_dist(root: Path, dist: str, module: str, code: str) -> dict[str, str]:
+    """A real installed distribution (dist-info + module) on a PYTHONPATH entry."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(textwrap.dedent(code))
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[grpo]\n{module} = {module}\n")
+    return {"PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_malformed_toml_names_the_file_and_line(grpo, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nsteps = = 3\n")
+    out = grpo("train", str(bad))
+    assert_clean_error(out, str(bad), "line 2", "next:")
+
+
+def test_unknown_key_gets_did_you_mean_and_valid_keys(grpo, tmp_path):
+    bad = tmp_path / "typo.toml"
+    bad.write_text("[train]\nlearning_rat = 1e-5\n")
+    out = grpo("train", str(bad))
+    assert_clean_error(out, str(bad), "train.learning_rat", 'did you mean "learning_rate"', "valid:")
+
+
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        ("train.steps=many", ["train.steps", "valid integer", "argument train.steps"]),
+        ("generation.num_generations=1", ["generation.num_generations", "greater than or equal to 2"]),
+        ("algorithm.loss=ppo", ["algorithm.loss", "'grpo'", "'dapo'"]),
+    ],
+)
+def test_wrong_type_or_range(grpo, override, needles):
+    assert_clean_error(grpo("train", "quickstart", override), *needles)
+
+
+def test_unknown_recipe_name(grpo):
+    assert_clean_error(grpo("train", "quikstart"), 'did you mean "quickstart"', "grpo inspect recipes")
+
+
+def test_unknown_reward(grpo):
+    out = grpo("train", "quickstart", 'rewards=[{name="lenght"}]', "--dry-run")
+    assert_clean_error(out, "rewards[0].name", 'did you mean "length"', "grpo inspect plugins")
+
+
+def test_unknown_dataset(grpo):
+    out = grpo("train", "quickstart", "data.dataset=countdwn", "--dry-run")
+    assert_clean_error(out, "data.dataset", 'did you mean "countdown"', "grpo inspect plugins")
+
+
+def test_plugin_that_fails_to_import(grpo, tmp_path):
+    env = make_plugin_dist(tmp_path / "site", "grpo-broken", "grpo_broken_plugin",
+                           "import no_such_module_anywhere\n")
+    out = grpo("inspect", "plugins", env=env)
+    assert_clean_error(out, "grpo_broken_plugin", "grpo-broken", "ModuleNotFoundError",
+                       "GRPO_DISABLE_PLUGIN_AUTOLOAD")
+    # ... and the advertised way around it works
+    ok = grpo("inspect", "plugins", env={**env, "GRPO_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert ok.returncode == 0 and "grpo-broken" not in ok.stdout
+
+
+def test_duplicate_reward_name_names_both_plugins(grpo, tmp_path):
+    env = make_plugin_dist(tmp_path / "site", "grpo-dupe", "grpo_dupe_plugin", """
+        import grpocli
+
+        @grpocli.hookimpl
+        def register_rewards(register):
+            register("length", lambda prompts, completions, **kw: [0.0] * len(completions))
+    """)
+    out = grpo("inspect", "plugins", env=env)
+    assert_clean_error(out, "'length'", "registered twice", "grpocli.rewards.builtin", "grpo_dupe_plugin")
+
+
+def test_reward_that_returns_the_wrong_number_of_values(grpo, tmp_path):
+    env = make_plugin_dist(tmp_path / "site", "grpo-short", "grpo_short_plugin", """
+        import grpocli
+
+        def short(prompts, completions, **kwargs):
+            return [1.0]
+
+        @grpocli.hookimpl
+        def register_rewards(register):
+            register("test.short", short)
+    """)
+    out = grpo("train", "quickstart", 'rewards=[{name="test.short"}]', "train.steps=1",
+               f"train.output_dir={tmp_path / 'run'}", "log.progress=none", env=env)
+    assert_clean_error(out, "test.short", "1", "valid:")
+
+
+def test_plugin_selection_by_environment(grpo, tmp_path):
+    env = make_plugin_dist(tmp_path / "site", "grpo-extra", "grpo_extra_plugin", """
+        import grpocli
+
+        @grpocli.hookimpl
+        def register_datasets(register):
+            register("extra.data", lambda split, seed: [{"prompt": "x"}])
+    """)
+    assert "extra.data" in grpo("inspect", "plugins", env=env).stdout
+    off = grpo("inspect", "plugins", env={**env, "GRPO_PLUGINS": ""})
+    assert off.returncode == 0 and "extra.data" not in off.stdout
+    on = grpo("inspect", "plugins", env={**env, "GRPO_PLUGINS": "grpo-extra"})
+    assert "extra.data" in on.stdout
+    missing = grpo("inspect", "plugins", env={**env, "GRPO_PLUGINS": "nope"})
+    assert_clean_error(missing, "GRPO_PLUGINS", "nope")

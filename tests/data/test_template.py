@@ -1,0 +1,149 @@
+"""Prompt templating and chat-template rendering with the real offline tokenizer."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from grpocli.data.template import (
+    RenderedPrompts,
+    build_messages,
+    complete_rows,
+    encode_prompt,
+    preview,
+    render_prompt,
+    render_row,
+)
+from grpocli.errors import UserError
+from grpocli.recipe.schema import DataSection
+
+MESSAGES = [{"role": "user", "content": "2+2="}]
+
+
+def test_template_and_system_prompt_make_messages():
+    data = DataSection(template="Solve: {question}", system_prompt="Be brief.")
+    assert build_messages({"question": "1+1?", "answer": "2"}, data) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Solve: 1+1?"},
+    ]
+
+
+def test_prompt_column_used_as_is_without_template():
+    assert build_messages({"prompt": "3*3="}, DataSection()) == [{"role": "user", "content": "3*3="}]
+    data = DataSection(prompt_column="q")
+    assert build_messages({"q": "x"}, data) == [{"role": "user", "content": "x"}]
+
+
+def test_message_prompts_get_the_system_prompt_only_when_missing():
+    data = DataSection(system_prompt="S")
+    row = {"prompt": copy.deepcopy(MESSAGES)}
+    assert build_messages(row, data) == [{"role": "system", "content": "S"}, *MESSAGES]
+    assert row["prompt"] == MESSAGES  # the row is not changed
+    own = [{"role": "system", "content": "mine"}, *MESSAGES]
+    assert build_messages({"prompt": own}, data) == own
+
+
+def test_template_naming_a_missing_column_says_which_and_what_exists():
+    with pytest.raises(UserError) as err:
+        build_messages({"question": "q", "answer": 1}, DataSection(template="{problem}"))
+    assert err.value.where == "data.template"
+    assert "'problem'" in err.value.what
+    assert "question, answer" in err.value.valid
+
+
+def test_missing_prompt_column_names_the_key_and_columns():
+    with pytest.raises(UserError) as err:
+        build_messages({"question": "q"}, DataSection())
+    assert err.value.where == "data.prompt_column"
+    assert "'prompt'" in err.value.what and "question" in err.value.valid
+
+
+@pytest.mark.parametrize("template", ["{", "{0}", "{question.nope}"])
+def test_broken_format_strings_are_user_errors(template):
+    with pytest.raises(UserError) as err:
+        build_messages({"question": "q"}, DataSection(template=template))
+    assert err.value.where == "data.template"
+
+
+def test_non_text_prompt_column_is_rejected():
+    with pytest.raises(UserError, match="holds int"):
+        build_messages({"prompt": 7}, DataSection())
+
+
+def test_chat_template_rendering_with_system_prompt(tokenizer):
+    messages = build_messages({"prompt": "12+7="}, DataSection(system_prompt="Answer."))
+    text = render_prompt(messages, tokenizer, use_chat_template=True)
+    assert text == (
+        "<|im_start|>system\nAnswer.<|im_end|>\n"
+        "<|im_start|>user\n12+7=<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_plain_rendering_when_off_or_when_tokenizer_has_no_template(tokenizer):
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    assert render_prompt(messages, tokenizer, use_chat_template=False) == "S\nQ"
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    assert render_prompt(messages, bare, use_chat_template=True) == "S\nQ"
+
+
+def test_chat_template_that_rejects_system_role_names_the_key(tokenizer):
+    strict = copy.copy(tokenizer)
+    strict.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(UserError, match="System role not supported") as err:
+        render_prompt([{"role": "system", "content": "S"}, *MESSAGES], strict, True)
+    assert err.value.where == "data.chat_template"
+
+
+def test_rendered_row_keeps_the_original_prompt_for_rewards(tokenizer):
+    data = DataSection(system_prompt="S")
+    row = render_row({"prompt": "1+1=", "answer": 2}, data, tokenizer)
+    assert row["prompt"] == "1+1=" and row["answer"] == 2
+    assert row["prompt_text"].endswith("<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n")
+    conversational = render_row({"prompt": MESSAGES}, data, tokenizer)
+    assert conversational["prompt"] == MESSAGES  # as TRL passes conversational prompts
+    templated = render_row({"question": "q"}, DataSection(template="Q: {question}"), tokenizer)
+    assert templated["prompt"] == "Q: q"
+
+
+def test_rendered_prompts_name_the_failing_row(tokenizer):
+    rows = [{"question": "a"}, {"other": "b"}]
+    prompts = RenderedPrompts(rows, DataSection(template="{question}"), tokenizer)
+    assert len(prompts) == 2 and prompts[0]["prompt_text"].endswith("a<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(UserError) as err:
+        prompts[1]
+    assert err.value.where == "data.template (row 1)"
+    with pytest.raises(UserError, match="row 0"):  # checked when built, before any training
+        RenderedPrompts(rows[1:], DataSection(template="{question}"), tokenizer)
+
+
+def test_complete_rows_renders_only_what_lacks_prompt_text(tokenizer):
+    done = {"prompt": "x", "prompt_text": "already"}
+    out = complete_rows([done, {"prompt": "y"}], DataSection(chat_template=False), tokenizer)
+    assert out == [done, {"prompt": "y", "prompt_text": "y"}]
+
+
+def test_encode_prompt_truncates_on_the_left(tokenizer):
+    ids, truncated = encode_prompt("abcdef", tokenizer, max_prompt_length=4)
+    assert tokenizer.decode(ids) == "cdef" and truncated
+    ids, truncated = encode_prompt("ab", tokenizer, max_prompt_length=4)
+    assert tokenizer.decode(ids) == "ab" and not truncated
+
+
+def test_preview_gives_first_rows_with_token_counts(tokenizer):
+    import datasets
+
+    prompts = ["1+1=", "22+3=", "9-9="]
+    ds = datasets.Dataset.from_list([{"prompt": p, "answer": i} for i, p in enumerate(prompts)])
+    data = DataSection(chat_template=False, max_prompt_length=4)
+    rows = preview(ds, data, tokenizer, n=2)
+    assert [(r["prompt"], r["answer"], r["prompt_tokens"], r["truncated"]) for r in rows] == [
+        ("1+1=", 0, 4, False),
+        ("22+3=", 1, 5, True),
+    ]

@@ -1,0 +1,67 @@
+"""Recipes: every shipped recipe validates; precedence defaults < file < env < arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpocli.errors import UserError
+from grpocli.recipe import catalog, flatten, load_recipe, parse_overrides, to_toml
+from grpocli.recipe.schema import Recipe
+
+
+@pytest.mark.parametrize("name", sorted(catalog.builtin()))
+def test_every_shipped_recipe_validates_and_documents_itself(name):
+    path = catalog.builtin()[name]
+    resolved = load_recipe(str(path))
+    assert resolved.name == name
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    text = "\n".join(header).lower()
+    assert "hardware" in text and "time" in text and "grpo train" in text, f"{path} header"
+
+
+def test_quickstart_is_found_by_name():
+    assert catalog.find("quickstart").name == "quickstart.toml"
+
+
+def test_precedence_defaults_file_env_arguments(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[train]\nsteps = 10\nlearning_rate = 0.5\nseed = 3\n[generation]\nnum_generations = 4\n")
+    monkeypatch.setenv("GRPO_TRAIN__STEPS", "20")
+    monkeypatch.setenv("GRPO_TRAIN__SEED", "4")
+    resolved = load_recipe(str(recipe), ["train.steps=30"])
+    r = resolved.recipe
+    assert r.train.steps == 30 and resolved.source_of("train.steps") == "argument train.steps=30"
+    assert r.train.seed == 4 and resolved.source_of("train.seed") == "env GRPO_TRAIN__SEED"
+    assert r.train.learning_rate == 0.5 and resolved.source_of("train.learning_rate") == f"file {recipe}"
+    assert r.train.micro_batch_size == Recipe().train.micro_batch_size
+    assert resolved.source_of("train.micro_batch_size") == "default"
+    assert r.generation.num_generations == 4
+
+
+def test_overrides_parse_toml_values_and_bare_words():
+    assert parse_overrides(["a.b=3", "a.c=true", "d.e=hello", 'f.g={x=1}', "h.i=[1, 2]"]) == {
+        "a": {"b": 3, "c": True}, "d": {"e": "hello"}, "f": {"g": {"x": 1}}, "h": {"i": [1, 2]},
+    }
+    with pytest.raises(UserError, match="section.key=value"):
+        parse_overrides(["train.steps"])
+
+
+def test_resolved_recipe_round_trips_through_toml(tmp_path):
+    resolved = load_recipe("quickstart", ["train.steps=7"])
+    out = tmp_path / "config.resolved.toml"
+    out.write_text(to_toml(resolved.recipe))
+    again = load_recipe(str(out))
+    assert flatten(again.recipe) == flatten(resolved.recipe)
+
+
+def test_verl_loss_names_are_accepted():
+    assert load_recipe(None, ["algorithm.loss=token-mean"]).recipe.algorithm.loss == "dapo"
+    assert load_recipe(None, ["algorithm.loss=seq-mean-token-mean"]).recipe.algorithm.loss == "grpo"
+    assert load_recipe(None, ["algorithm.loss=seq-mean-token-sum-norm"]).recipe.algorithm.loss == "dr_grpo"
+
+
+def test_batch_layout_that_cannot_work_is_refused_with_valid_values():
+    with pytest.raises(UserError, match="multiples of 2"):
+        load_recipe(None, ["train.prompts_per_step=3", "train.num_processes=2"])
+    with pytest.raises(UserError, match="greater than or equal to 2"):
+        load_recipe(None, ["generation.num_generations=1"])
