@@ -79,24 +79,53 @@ class Loop:
     # -- phases 1-4 ----------------------------------------------------------------------
     def collect(self, timings: dict[str, float]) -> Rollouts:
         s, r = self.s, self.s.recipe
-        g = r.generation.num_generations
-        rows = s.next_rows(r.train.prompts_per_step * r.train.steps_per_generation)  # 1. [B]
-        texts = [s.render(row) for row in rows]
-        t0 = time.perf_counter()
-        generated = s.backend.generate(texts, g, self.sampling)                      # 2. [B*G]
-        timings["time/generation"] = time.perf_counter() - t0
-        rollouts = Rollouts(
-            rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
-            completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
-            truncated=torch.tensor(generated.truncated, dtype=torch.bool), group_size=g,
-            engine_logprobs=generated.logprobs,
-        )
-        t0 = time.perf_counter()
-        self.score(rollouts)                                                          # 3.
-        timings["time/rewards"] = time.perf_counter() - t0
+        n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
+        rollouts = self.sample(s.next_rows(n_prompts), timings)                      # 1-3. [B*G]
+        if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
+            parts = [rollouts]
+            for _ in range(r.algorithm.max_fill_rounds):
+                have = sum(int((~self.flat_groups(p)).sum()) for p in parts)
+                if self.fewest_over_processes(have) >= rollouts.num_prompts:
+                    break
+                parts.append(self.sample(s.next_rows(n_prompts), timings))
+            rollouts = self.keep_informative(parts, rollouts.num_prompts)
+            timings["fill_rounds"] = len(parts) - 1
         self.advantages(rollouts)                                                     # 4.
         s.after_generation(rollouts)
         return rollouts
+
+    def sample(self, rows: list[dict], timings: dict[str, float]) -> Rollouts:
+        """Generate G completions for each row and score them."""
+        s, r = self.s, self.s.recipe
+        t0 = time.perf_counter()
+        generated = s.backend.generate([s.render(row) for row in rows], r.generation.num_generations,
+                                       self.sampling)                                 # [B*G]
+        timings["time/generation"] = timings.get("time/generation", 0.0) + time.perf_counter() - t0
+        rollouts = Rollouts(
+            rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
+            completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
+            truncated=torch.tensor(generated.truncated, dtype=torch.bool),
+            group_size=r.generation.num_generations, engine_logprobs=generated.logprobs,
+        )
+        t0 = time.perf_counter()
+        self.score(rollouts)
+        timings["time/rewards"] = timings.get("time/rewards", 0.0) + time.perf_counter() - t0
+        return rollouts
+
+    @staticmethod
+    def flat_groups(rollouts: Rollouts) -> torch.Tensor:
+        return zero_spread_groups(rollouts.rewards.view(-1, rollouts.group_size))  # [B]
+
+    def fewest_over_processes(self, count: int) -> int:
+        """The smallest `count` of any process (all processes then take the same decision)."""
+        return int(gather_floats(self.s.accelerator, torch.tensor([float(count)])).min())
+
+    def keep_informative(self, parts: list[Rollouts], n: int) -> Rollouts:
+        """The first n groups with reward spread (flat ones only where too few were found)."""
+        merged = Rollouts.concat(parts)
+        flat = self.flat_groups(merged).tolist()
+        order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
+        return merged.select_groups(sorted(order[:n]))
 
     def score(self, rollouts: Rollouts) -> None:
         s, r = self.s, self.s.recipe

@@ -43,6 +43,27 @@ class Rollouts:
     def completion_lengths(self) -> torch.Tensor:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)  # [B*G]
 
+    @staticmethod
+    def concat(parts: list[Rollouts]) -> Rollouts:
+        """Scored Rollouts of the same group size, one after the other."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        names = list(first.per_reward)
+        return Rollouts(
+            rows=[r for p in parts for r in p.rows],
+            prompt_ids=[x for p in parts for x in p.prompt_ids],
+            completion_ids=[x for p in parts for x in p.completion_ids],
+            completions=[x for p in parts for x in p.completions],
+            truncated=torch.cat([p.truncated for p in parts]),
+            group_size=first.group_size,
+            engine_logprobs=[x for p in parts for x in p.engine_logprobs] if first.engine_logprobs else None,
+            rewards=torch.cat([p.rewards for p in parts]),
+            per_reward={k: [x for p in parts for x in p.per_reward[k]] for k in names},
+            reward_errors={k: sum(p.reward_errors.get(k, 0) for p in parts) for k in names
+                           if any(p.reward_errors.get(k) for p in parts)},
+        )
+
     def select_groups(self, groups: list[int]) -> Rollouts:
         """A Rollouts holding only the given prompt groups (in that order)."""
         g = self.group_size
