@@ -10,6 +10,8 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect recipe quickstart          resolved recipe, where each value came from
 
+  grpo inspect fields algorithm           every recipe key: type, default, bounds, meaning
+
   grpo inspect plugins                    plugins and the rewards/datasets they register
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
@@ -17,7 +19,7 @@ HELP = """Look at recipes, plugins, prompts and runs.
   grpo inspect runs/quickstart            a training run (metrics, warnings)
 """
 
-TOPICS = ("recipes", "recipe", "plugins", "data")
+TOPICS = ("recipes", "recipe", "fields", "plugins", "data")
 
 
 def add_to(app: typer.Typer) -> None:
@@ -25,7 +27,7 @@ def add_to(app: typer.Typer) -> None:
 
 
 def inspect(
-    what: str = typer.Argument(..., help="recipes | recipe | plugins | data | RUN_DIR"),
+    what: str = typer.Argument(..., help="recipes | recipe | fields | plugins | data | RUN_DIR"),
     args: list[str] = typer.Argument(None, help="A recipe name/path and overrides.", show_default=False),
     n: int = typer.Option(3, "--n", min=1, help="How many prompts `inspect data` shows."),
     rollouts: int = typer.Option(None, "--rollouts", help="Show the best/worst rollouts of this step."),
@@ -36,6 +38,8 @@ def inspect(
     args = list(args or [])
     if what == "recipes":
         views.show_recipes()
+    elif what == "fields":
+        views.show_fields(args[0] if args else None)
     elif what == "plugins":
         views.show_plugins()
     elif what in ("recipe", "data"):

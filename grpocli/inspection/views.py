@@ -34,6 +34,19 @@ def show_recipe(name_or_path: str, overrides: list[str]) -> None:
     console.print(table)
 
 
+def show_fields(section: str | None = None) -> None:
+    """Every recipe key with its type, default, bounds and description, read from the schema."""
+    from grpocli.recipe.fields import describe
+
+    table = Table(title="recipe keys (section.key=value on the command line)")
+    for col in ("key", "type", "default", "description"):
+        table.add_column(col, style="bold" if col == "key" else None, overflow="fold")
+    for row in describe():
+        if section is None or row["key"].startswith(section):
+            table.add_row(row["key"], row["type"], row["default"], row["description"])
+    console.print(table)
+
+
 def show_plugins() -> None:
     from grpocli.registry import load_plugins
 

@@ -65,3 +65,24 @@ def test_batch_layout_that_cannot_work_is_refused_with_valid_values():
         load_recipe(None, ["train.prompts_per_step=3", "train.num_processes=2"])
     with pytest.raises(UserError, match="greater than or equal to 2"):
         load_recipe(None, ["generation.num_generations=1"])
+
+
+def test_every_key_is_documented_once_in_the_schema():
+    from grpocli.recipe.fields import describe
+
+    rows = describe()
+    keys = [r["key"] for r in rows]
+    assert len(keys) == len(set(keys)) > 60
+    assert "rewards[].weight" in keys and "algorithm.loss" in keys
+    undocumented = [r["key"] for r in rows if not r["description"]]
+    assert undocumented == []
+    by_key = {r["key"]: r for r in rows}
+    assert ">=2" in by_key["generation.num_generations"]["type"]
+
+
+def test_inspect_fields_and_recipe_show_sources(grpo):
+    out = grpo("inspect", "recipe", "quickstart", "train.steps=3", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "argument train.steps=3" in out.stdout and "default" in out.stdout
+    fields = grpo("inspect", "fields", "algorithm", env={"COLUMNS": "200"})
+    assert fields.returncode == 0 and "epsilon_high" in fields.stdout

@@ -1,0 +1,47 @@
+"""The recipe's keys as documentation rows, read from the schema (the one place they are declared)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from grpocli.recipe.schema import Recipe
+
+
+def describe(model: type[BaseModel] = Recipe, prefix: str = "") -> list[dict[str, str]]:
+    """[{key, type, default, description}] for every leaf key, bounds folded into the type."""
+    rows: list[dict[str, str]] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        sub = _submodel(field.annotation)
+        if sub is not None:  # a section, or the list of [[rewards]] tables
+            rows.extend(describe(sub, key + ("[]." if name == "rewards" else ".")))
+            continue
+        rows.append({"key": key, "type": _type(field), "default": _default(field),
+                     "description": field.description or ""})
+    return rows
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    for cand in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            return cand
+    return None
+
+
+def _type(field: Any) -> str:
+    text = str(field.annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    bounds = [f"{sym}{getattr(m, attr)}" for m in field.metadata
+              for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if hasattr(m, attr)]
+    return text + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def _default(field: Any) -> str:
+    if field.default is not PydanticUndefined:
+        return repr(field.default)
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return repr(value) if not isinstance(value, BaseModel) else "(section)"
+    return "(required)"
