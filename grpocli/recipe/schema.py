@@ -29,7 +29,7 @@ class TinyModel(Section):
 
     hidden_size: int = Field(64, ge=8, le=4096, description="Hidden size of the tiny model.")
     num_layers: int = Field(2, ge=1, le=64, description="Number of transformer layers.")
-    num_heads: int = Field(4, ge=1, le=64, description="Attention heads (must divide hidden_size).")
+    num_heads: int = Field(2, ge=1, le=64, description="Attention heads (must divide hidden_size; vLLM on CPU needs head size 32, 64, 80, 96, 112 or 128).")
     intermediate_size: int = Field(128, ge=8, le=16384, description="MLP width.")
     max_position_embeddings: int = Field(1024, ge=64, le=32768, description="Longest sequence.")
 

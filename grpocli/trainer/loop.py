@@ -50,11 +50,12 @@ class Loop:
             max_completion_length=r.generation.max_completion_length,
         )
         self.cycle = r.train.steps_per_generation * r.algorithm.num_iterations
+        self.last_sync = 0.0
 
     def run(self) -> None:
         s, r = self.s, self.s.recipe
         while s.step < r.train.steps:
-            timings: dict[str, float] = {}
+            timings: dict[str, float] = {"time/weight_sync": self.last_sync}
             rollouts = self.collect(timings)                       # phases 1-4
             slices = self.slices(rollouts, timings)                         # phase 5
             for _ in range(r.algorithm.num_iterations):                     # phase 6
@@ -72,7 +73,7 @@ class Loop:
             t0 = time.perf_counter()
             s.backend.sync_weights(s.accelerator.unwrap_model(s.model))    # phase 7
             s.maybe_refresh_reference()
-            timings["time/weight_sync"] = time.perf_counter() - t0
+            self.last_sync = time.perf_counter() - t0  # logged with the next cycle's steps
             self.maybe_checkpoint()
         s.progress.note(f"done: {s.step} steps; run directory {s.run.root}")
 
@@ -193,7 +194,7 @@ class Loop:
         s.num_tokens += int(generated) + acc.reduce(
             torch.tensor(sum(len(p) for p in part.prompt_ids) * part.group_size, device=acc.device),
             reduction="sum").item()
-        step_time = sum(timings.values())
+        step_time = sum(v for k, v in timings.items() if k.startswith("time/"))
         metrics: dict[str, Any] = {
             "step": s.step, "epoch": s.stream.epoch, "loss": stats["loss"],
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,

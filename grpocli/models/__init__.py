@@ -1,0 +1,27 @@
+"""Models: load the policy, reference and tokenizer of a [model] section; build tiny ones offline.
+
+Names are imported lazily (PEP 562), so ``import grpocli.models`` imports neither torch nor
+transformers; each submodule imports them inside its functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "build_char_tokenizer": "grpocli.models.tokenizer",
+    "build_tiny_model": "grpocli.models.tiny",
+    "load_tokenizer": "grpocli.models.loader",
+    "load_policy": "grpocli.models.loader",
+    "load_reference": "grpocli.models.loader",
+    "save_model": "grpocli.models.export",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'grpocli.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
