@@ -196,7 +196,7 @@ class Loop:
             reduction="sum").item()
         step_time = sum(v for k, v in timings.items() if k.startswith("time/"))
         metrics: dict[str, Any] = {
-            "step": s.step, "epoch": s.stream.epoch, "loss": stats["loss"],
+            "step": s.step, "epoch": s.epoch, "loss": stats["loss"],
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             **self.reward_metrics(part), **length_metrics(part), **s.group_stats,
             "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,

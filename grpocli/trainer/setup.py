@@ -5,7 +5,6 @@ Names (rewards, dataset, curriculum) and the run directory are checked before an
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from grpocli.errors import UserError
 from grpocli.recipe import Resolved, to_toml
 from grpocli.rundir import RunDir
-from grpocli.trainer.datastream import PromptStream
+from grpocli.data.stream import PromptStream
 from grpocli.trainer.metrics import MetricsLog, Progress
 
 
@@ -53,6 +52,10 @@ class Session:
         return self.resolved.recipe
 
     @property
+    def epoch(self) -> float:
+        return self.stream.position / len(self.prompts)
+
+    @property
     def pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -85,7 +88,7 @@ class Session:
         s = cls(resolved=resolved, run=run, accelerator=accelerator, tokenizer=tokenizer, model=model,
                 reference=reference, optimizer=optimizer, scheduler=scheduler, backend=backend,
                 reward_fns=reward_fns, prompts=prompts,
-                stream=PromptStream(len(dataset), seed=r.train.seed, shuffle=r.data.shuffle),
+                stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=curriculum, metrics=None,
                 progress=Progress(r.log.progress, r.train.steps, 0, accelerator.is_main_process))
         s._start(resume_from)
@@ -124,8 +127,7 @@ class Session:
         if self.pending_rows is not None:  # the curriculum chose them
             rows, self.pending_rows = self.pending_rows, None
             return complete_rows(rows, self.recipe.data, self.tokenizer)[:per]
-        indices = self.stream.take(n_global)[acc.process_index * per : (acc.process_index + 1) * per]
-        return [self.prompts[i] for i in indices]
+        return self.stream.take(n_global)[acc.process_index * per : (acc.process_index + 1) * per]
 
     def render(self, row: dict[str, Any]) -> str:
         return row["prompt_text"]
@@ -136,12 +138,11 @@ class Session:
             return
         g = rollouts.group_size
         rewards = rollouts.rewards.view(-1, g).tolist()
-        stream_rows = (self.prompts[i] for _ in itertools.count() for i in self.stream.take(1))
         rows = self.curriculum(
             prompts=[row["prompt"] for row in rollouts.rows],
             completions=[rollouts.completions[i * g : (i + 1) * g] for i in range(rollouts.num_prompts)],
             rewards=rewards, metas=rollouts.rows, state=self.curriculum_state,
-            batch_size=rollouts.num_prompts, next_rows=stream_rows, **self.recipe.train.curriculum_args,
+            batch_size=rollouts.num_prompts, next_rows=self.stream, **self.recipe.train.curriculum_args,
         )
         self.pending_rows = list(rows) if rows is not None else None
 
@@ -230,14 +231,21 @@ def _optimizer(r: Any, model: Any) -> tuple[Any, Any]:
 
 
 def _backend(r: Any, model: Any, tokenizer: Any) -> Any:
-    if r.generation.backend == "hf":
+    gen = r.generation
+    if gen.backend == "hf":
         from grpocli.generation.hf import HFBackend
 
         return HFBackend(model, tokenizer, max_prompt_length=r.data.max_prompt_length)
-    raise UserError(
-        f"generation.backend = {r.generation.backend!r} is not available in this version",
-        where="generation.backend", valid="'hf'", hint="set generation.backend = \"hf\"",
-    )
+    if gen.backend == "vllm":  # an engine in this process, weights reloaded in place
+        from grpocli.generation.vllm_colocate import VllmColocateBackend
+
+        return VllmColocateBackend(model, tokenizer, max_prompt_length=r.data.max_prompt_length,
+                                   max_completion_length=gen.max_completion_length, vllm_section=r.vllm,
+                                   dtype=r.model.dtype, seed=torch.initial_seed() % 2**31)
+    # "vllm-server": a `grpo vllm-serve` process; the policy's weights are sent at once
+    from grpocli.generation.vllm_client import VllmServerBackend
+
+    return VllmServerBackend(model, tokenizer, vllm_section=r.vllm, max_prompt_length=r.data.max_prompt_length)
 
 
 __all__ = ["Session", "TrainingStopped"]
