@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import typer
 
-HELP = """Evaluate a model: sample, score with the recipe's rewards, report pass@k.
+HELP = """Evaluate a model: sample, score with the recipe's rewards, report pass@k, mean@N, maj@N.
 
-Example:
+Examples:
 
   grpo eval quickstart --checkpoint runs/quickstart/checkpoints/step-100 --n 8 --k 1,4,8
+
+  grpo eval quickstart --base --checkpoint runs/quickstart      (base vs newest checkpoint)
 """
 
 
@@ -19,18 +21,20 @@ def add_to(app: typer.Typer) -> None:
 def evaluate(
     recipe: str = typer.Argument(..., help="Recipe path or built-in recipe name."),
     overrides: list[str] = typer.Argument(None, help="section.key=value overrides.", show_default=False),
-    checkpoint: list[str] = typer.Option(None, "--checkpoint", help="Checkpoint dir (repeat to compare)."),
-    split: str = typer.Option(None, "--split", help="Dataset split (default: data.eval_split or test)."),
-    n: int = typer.Option(8, "--n", min=1, help="Samples per prompt."),
-    k: str = typer.Option("1", "--k", help="Comma-separated k values for pass@k, each <= n."),
+    checkpoint: list[str] = typer.Option(
+        None, "--checkpoint", help="Checkpoint dir or run dir (repeat to compare).", show_default=False),
+    base: bool = typer.Option(False, "--base", help="Also evaluate the recipe's base model (compare)."),
+    split: str = typer.Option(None, "--split", help="Dataset split (default: eval.split, data.eval_split, test)."),
+    n: int = typer.Option(None, "--n", min=1, help="Samples per prompt (default: eval.n = 8)."),
+    k: str = typer.Option(None, "--k", help="Comma-separated k values for pass@k, each <= n (default: eval.k)."),
+    num_prompts: int = typer.Option(
+        None, "--num-prompts", min=0, help="Evaluate the first N prompts (0: all; default: eval.num_prompts)."),
+    threshold: float = typer.Option(
+        None, "--threshold", help="A sample succeeds when its reward is >= this (default: eval.success_threshold)."),
+    output_dir: str = typer.Option(
+        None, "--output-dir", help="Where samples and summaries go (default: the checkpoint's run dir /eval)."),
 ) -> None:
-    from grpocli.errors import UserError
+    from grpocli.evaluation.run import run_eval
 
-    try:
-        from grpocli.evaluation.run import run_eval
-    except ImportError:
-        raise UserError(
-            "`grpo eval` is not implemented in this version yet",
-            hint="track the eval issue; meanwhile `grpo inspect RUN_DIR` reads training runs",
-        ) from None
-    run_eval(recipe, overrides or [], checkpoints=checkpoint or [], split=split, n=n, k=k)
+    run_eval(recipe, overrides or [], checkpoints=checkpoint or [], split=split, n=n, k=k, base=base,
+             num_prompts=num_prompts, threshold=threshold, output_dir=output_dir)

@@ -16,7 +16,9 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
 
-  grpo inspect runs/quickstart            a training run (metrics, warnings)
+  grpo inspect runs/quickstart            a training run (metrics, warnings, metrics.png)
+
+  grpo inspect runs/quickstart --rollouts 20   best and worst rollouts of step 20
 """
 
 TOPICS = ("recipes", "recipe", "fields", "plugins", "data")
@@ -29,8 +31,9 @@ def add_to(app: typer.Typer) -> None:
 def inspect(
     what: str = typer.Argument(..., help="recipes | recipe | fields | plugins | data | RUN_DIR"),
     args: list[str] = typer.Argument(None, help="A recipe name/path and overrides.", show_default=False),
-    n: int = typer.Option(3, "--n", min=1, help="How many prompts `inspect data` shows."),
+    n: int = typer.Option(3, "--n", min=1, help="How many prompts (`inspect data`) or best/worst rollouts to show."),
     rollouts: int = typer.Option(None, "--rollouts", help="Show the best/worst rollouts of this step."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="Write RUN_DIR/metrics.png (needs matplotlib)."),
 ) -> None:
     from grpocli.errors import UserError
     from grpocli.inspection import views
@@ -56,4 +59,4 @@ def inspect(
     else:
         from grpocli.inspection.run_view import show_run
 
-        show_run(what, rollouts_step=rollouts)
+        show_run(what, rollouts_step=rollouts, n=n, write_png=plot)

@@ -1,15 +1,18 @@
 """The recipe schema: every option of a run, declared once with its type, bounds and description.
 
 Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
-This module imports no other grpocli module.
+Imports only its sibling modules (section.py, eval_section.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from grpocli.recipe.eval_section import EvalSection
+from grpocli.recipe.section import Section
 
 #: verl's loss_agg_mode names, accepted where they coincide with ours.
 LOSS_ALIASES = {
@@ -18,10 +21,6 @@ LOSS_ALIASES = {
     "seq-mean-token-sum-norm": "dr_grpo",
 }
 LossName = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class TinyModel(Section):
@@ -270,6 +269,9 @@ class Recipe(BaseSettings):
     train: TrainSection = Field(default_factory=TrainSection, description="Optimization and run control.")
     log: LogSection = Field(default_factory=LogSection, description="Metrics, rollouts, trackers.")
     vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine and server.")
+    eval: EvalSection = Field(
+        default_factory=EvalSection, description="Evaluation: `grpo eval` and every N training steps."
+    )
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):

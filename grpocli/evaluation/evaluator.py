@@ -1,0 +1,130 @@
+"""Sample N completions per prompt with any generation backend, score them, summarize.
+
+Backend-agnostic: anything with ``generate(prompts, n, sampling) -> Generated``
+(grpocli.generation.base) works, so `grpo eval` and evaluation during training share this.
+Rewards are called exactly as in training (TRL's contract; grpocli.rewards.score); the
+training-only overlong penalty is left out. A sample *succeeds* when its total reward (or
+``success_reward``'s value) is >= ``success_threshold``; pass@k, mean@N and maj@N count those.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpocli.errors import UserError
+from grpocli.evaluation.answers import extract_answer
+from grpocli.evaluation.estimators import majority_at_n, mean_at_n, pass_at_k
+from grpocli.rewards import Scores, reward_metrics, score
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to measure: N samples per prompt, the k of pass@k, and what counts as a success."""
+
+    n: int
+    k: tuple[int, ...] = (1,)
+    success_threshold: float = 1.0
+    success_reward: str | None = None
+
+    @classmethod
+    def from_section(cls, ev: Any, *, n: int | None = None, k: Sequence[int] | None = None,
+                     threshold: float | None = None) -> EvalSettings:
+        """From an [eval] section (grpocli.recipe.eval_section), command-line values first."""
+        return cls(
+            n=n if n is not None else ev.n,
+            k=tuple(sorted(set(k if k is not None else ev.k))),
+            success_threshold=threshold if threshold is not None else ev.success_threshold,
+            success_reward=ev.success_reward,
+        )
+
+    def check(self, reward_names: Sequence[str], where: str = "--k") -> None:
+        bad = [k for k in self.k if not 1 <= k <= self.n]
+        if bad:
+            raise UserError(f"pass@k needs 1 <= k <= n = {self.n}, got k = {bad}", where=where,
+                            valid=f"integers from 1 to {self.n}", hint=f"--k 1,{self.n} or a larger --n")
+        if self.success_reward is not None and self.success_reward not in reward_names:
+            raise UserError(f"success_reward {self.success_reward!r} is none of the recipe's rewards",
+                            where="eval.success_reward", valid=", ".join(reward_names),
+                            hint="use the name (or name#2 label) of a [[rewards]] entry")
+
+
+@dataclass
+class EvalResult:
+    samples: list[dict[str, Any]]       # [B*N] one record per completion, prompt-major
+    metrics: dict[str, float | None] = field(default_factory=dict)
+
+
+def sample_and_score(
+    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
+    sampling: Any, *, prompt_column: str = "prompt", combination: str = "sum",
+    indices: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Records of N completions for each rendered row (rows carry ``prompt_text``), scored."""
+    if not rows:
+        return []
+    n = settings.n
+    generated = backend.generate([row["prompt_text"] for row in rows], n, sampling)  # [B*N]
+    completions = tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
+    exclude = (prompt_column, "prompt_text")
+    names = [k for k in rows[0] if k not in exclude]
+    columns = {k: [row.get(k) for row in rows for _ in range(n)] for k in names}   # [B*N] each
+    prompts = [row.get(prompt_column, row.get("prompt")) for row in rows for _ in range(n)]
+    scores = score(reward_fns, prompts, completions, columns, combination,
+                   completion_ids=generated.completion_ids)
+    indices = list(indices) if indices is not None else list(range(len(rows)))
+    records = []
+    for i, text in enumerate(completions):
+        row = rows[i // n]
+        per = {name: values[i] for name, values in scores.per_reward.items()}
+        judged = scores.total[i] if settings.success_reward is None else per[settings.success_reward]
+        records.append({
+            "prompt_index": indices[i // n], "sample": i % n, "prompt": row["prompt_text"],
+            "completion": text, "rewards": per, "reward": scores.total[i],
+            "success": judged is not None and judged >= settings.success_threshold,
+            "answer": extract_answer(text), "length": len(generated.completion_ids[i]),
+            "truncated": bool(generated.truncated[i]),
+            "columns": {k: row.get(k) for k in names if k != "prompt"},
+        })
+    return records
+
+
+def summarize(samples: list[dict[str, Any]], settings: EvalSettings) -> dict[str, float | None]:
+    """Mean reward, per-reward means, pass@k, mean@N, maj@N, length and truncation of the records."""
+    if not samples:
+        return {}
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for s in samples:
+        groups.setdefault(s["prompt_index"], []).append(s)
+    totals = [float(s["reward"]) for s in samples]
+    out: dict[str, float | None] = {
+        "reward": statistics.fmean(totals),
+        "reward_std": statistics.stdev(totals) if len(totals) > 1 else 0.0,
+    }
+    names = list(samples[0]["rewards"])
+    per_reward = Scores({k: [s["rewards"][k] for s in samples] for k in names}, totals, {})
+    out.update({k: v for k, v in reward_metrics(per_reward).items() if k.endswith("/mean")})
+    successes = [[bool(s["success"]) for s in g] for g in groups.values()]
+    for k in settings.k:
+        out[f"pass@{k}"] = statistics.fmean(pass_at_k(len(g), sum(g), k) for g in successes)
+    out[f"mean@{settings.n}"] = statistics.fmean(mean_at_n(g) for g in successes)
+    votes = [majority_at_n([s["answer"] for s in g], [s["success"] for s in g]) for g in groups.values()]
+    voted = [v for v in votes if v is not None]
+    out[f"maj@{settings.n}"] = statistics.fmean(voted) if voted else None
+    out["answer_rate"] = statistics.fmean(s["answer"] is not None for s in samples)
+    out["completions/mean_length"] = statistics.fmean(s["length"] for s in samples)
+    out["completions/clipped_ratio"] = statistics.fmean(bool(s["truncated"]) for s in samples)
+    out["num_prompts"] = float(len(groups))
+    return out
+
+
+def evaluate(
+    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
+    sampling: Any, *, prompt_column: str = "prompt", combination: str = "sum",
+) -> EvalResult:
+    """Sample, score and summarize in one go (one process)."""
+    samples = sample_and_score(backend, tokenizer, rows, reward_fns, settings, sampling,
+                               prompt_column=prompt_column, combination=combination)
+    return EvalResult(samples=samples, metrics=summarize(samples, settings))

@@ -1,0 +1,92 @@
+"""The models one `grpo eval` compares: the recipe's base model and/or checkpoint directories.
+
+A ``--checkpoint`` is a directory written by save_pretrained (``runs/x/checkpoints/step-200``),
+or a run directory (its newest complete checkpoint is taken, with a note). A checkpoint that
+does not exist is an error naming the complete checkpoints of its run. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpocli.errors import UserError
+from grpocli.rundir import RunDir
+
+BASE = "base"
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str              # column title: "base", "step-200", or "run/step-200" when ambiguous
+    path: Path | None       # None: the recipe's model.name_or_path
+    run_root: Path | None   # the run directory a checkpoint belongs to
+    note: str = ""
+
+
+def resolve_targets(checkpoints: list[str], *, base: bool) -> list[Target]:
+    """Base first (when asked or when no checkpoint is given), then each checkpoint in order."""
+    targets = [Target(BASE, None, None)] if base or not checkpoints else []
+    targets += [resolve_checkpoint(c) for c in checkpoints]
+    labels = [t.label for t in targets]
+    out = []
+    for t in targets:
+        if labels.count(t.label) > 1 and t.path is not None:
+            parent = t.run_root.name if t.run_root else t.path.parent.name
+            t = Target(f"{parent}/{t.label}", t.path, t.run_root, t.note)
+        out.append(t)
+    seen = [t.label for t in out]
+    dupes = sorted({x for x in seen if seen.count(x) > 1})
+    if dupes:
+        raise UserError(f"the same model is given twice: {', '.join(dupes)}", where="--checkpoint",
+                        hint="give each checkpoint once")
+    return out
+
+
+def resolve_checkpoint(value: str) -> Target:
+    path = Path(value).expanduser()
+    if path.is_dir() and any((path / f).exists() for f in MODEL_FILES):
+        run_root = path.parent.parent if path.parent.name == "checkpoints" else None
+        return Target(path.name, path, run_root)
+    run = RunDir(path)
+    if path.is_dir() and run.list_checkpoints():
+        step, latest = run.latest_checkpoint()
+        return Target(latest.name, latest, path, note=f"{value} is a run directory: evaluating its newest "
+                      f"checkpoint step-{step}")
+    if path.name.endswith(".tmp") or path.with_name(path.name + ".tmp").exists():
+        raise UserError(f"the checkpoint {value} is incomplete (still being written, or the run "
+                        "stopped while saving it)", where="--checkpoint",
+                        valid=_available(path), hint="use a complete step-N directory")
+    if path.is_dir() and run.has_run():
+        raise UserError(f"the run {value} has no complete checkpoint yet", where="--checkpoint",
+                        hint=f"wait for train.save_steps, or `grpo inspect {value}`")
+    if path.is_dir():
+        raise UserError(f"{value} is not a checkpoint: it has no {' or '.join(MODEL_FILES)}",
+                        where="--checkpoint", valid=_available(path),
+                        hint="a directory written by save_pretrained, e.g. runs/NAME/checkpoints/step-N")
+    raise UserError(f"no checkpoint at {value}", where="--checkpoint", valid=_available(path),
+                    hint=_hint(path))
+
+
+def _run_of(path: Path) -> RunDir | None:
+    """The run directory a (possibly missing) checkpoint path points into."""
+    base = path.with_name(path.name.removesuffix(".tmp"))
+    if base.parent.name == "checkpoints":
+        return RunDir(base.parent.parent)
+    if (path / "checkpoints").is_dir():
+        return RunDir(path)
+    return None
+
+
+def _available(path: Path) -> str:
+    run = _run_of(path)
+    found = run.list_checkpoints() if run else []
+    if not found:
+        return "a checkpoint directory (runs/NAME/checkpoints/step-N) or a run directory"
+    return "complete checkpoints of this run: " + ", ".join(str(p) for _, p in found)
+
+
+def _hint(path: Path) -> str:
+    run = _run_of(path)
+    return f"ls {run.checkpoints}" if run else "ls runs/*/checkpoints"

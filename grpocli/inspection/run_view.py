@@ -1,0 +1,315 @@
+"""`grpo inspect RUN_DIR`: a training run's curves, warnings and rollouts. Never imports torch.
+
+Reads the run directory (grpocli.rundir) as far as it goes: a torn last line of metrics.jsonl
+(a crash, or a run still writing) is left out with a note, as is a run that stopped or is still
+going. Lines that share a step (an eval line after a training line) are merged into one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from grpocli.errors import UserError
+from grpocli.inspection import plot
+from grpocli.inspection.warnings import scan
+from grpocli.rundir import RunDir, read_jsonl
+
+SPARKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 16
+RUNNING_SECONDS = 120  # metrics.jsonl written this recently: the run may still be going
+KEY_METRICS = (
+    "reward", "reward_std", "rewards/*/mean", "eval/reward", "eval/pass@*", "eval/mean@*", "eval/maj@*",
+    "kl", "entropy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
+    "loss", "grad_norm", "learning_rate", "tokens_per_second", "time/generation", "time/training",
+)
+TOPICS = ("recipes", "recipe", "plugins", "data")
+
+
+@dataclass
+class MetricsFile:
+    """metrics.jsonl as far as it could be read."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)  # one dict per step, by step
+    torn: bool = False         # the last line is incomplete
+    bad_lines: list[int] = field(default_factory=list)  # line numbers (1-based) that are not JSON
+
+
+def read_metrics(path: Path) -> MetricsFile:
+    """Every complete line, merged by step; a torn last line or a bad line is noted, not fatal."""
+    out = MetricsFile()
+    if not path.exists():
+        return out
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    by_step: dict[Any, dict[str, Any]] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and not text.endswith("\n"):
+                out.torn = True
+            else:
+                out.bad_lines.append(number)
+            continue
+        if isinstance(row, dict):
+            by_step.setdefault(row.get("step", f"line {number}"), {}).update(row)
+    out.history = sorted(by_step.values(), key=lambda m: m.get("step") if isinstance(m.get("step"), int) else 0)
+    return out
+
+
+def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH) -> str:
+    """Unicode block sparkline of the finite values, averaged into at most ``width`` buckets."""
+    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not finite:
+        return ""
+    buckets = min(width, len(finite))
+    means = []
+    for b in range(buckets):
+        part = finite[b * len(finite) // buckets:(b + 1) * len(finite) // buckets]
+        means.append(sum(part) / len(part))
+    low, high = min(means), max(means)
+    if high - low <= 1e-12 * max(1.0, abs(high)):
+        return SPARKS[3] * buckets
+    return "".join(SPARKS[min(len(SPARKS) - 1, int((v - low) / (high - low) * len(SPARKS)))] for v in means)
+
+
+def show_run(path: str, rollouts_step: int | None = None, *, n: int = 3, write_png: bool = True,
+             console: Console | None = None) -> None:
+    """Print the run's summary, metrics table and warnings (or, with ``rollouts_step``, its rollouts)."""
+    console = console or Console(highlight=False, soft_wrap=True)
+    run = _open_run(path)
+    if rollouts_step is not None:
+        show_rollouts(run, rollouts_step, n=n, console=console)
+        return
+    metrics = read_metrics(run.metrics)
+    config = _read_config(run)
+    console.rule(escape(f"run {run.root}"))
+    for line in _summary(run, metrics, config):
+        console.print(line)
+    for note in _notes(run, metrics, config):
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    evals = eval_table(run)
+    if evals is not None:
+        console.print(evals)
+    if metrics.history:
+        console.print(metrics_table(metrics.history, spark_width=max(8, min(48, console.width - 66))))
+        _show_warnings(metrics.history, console)
+        if write_png:
+            _write_png(run, metrics.history, console)
+
+
+def metrics_table(history: list[dict[str, Any]], *, spark_width: int = SPARK_WIDTH) -> Table:
+    """One row per key metric: first, last, min, max and a sparkline over the steps."""
+    first, last = history[0].get("step", 1), history[-1].get("step", len(history))
+    table = Table(title=f"metrics, steps {first}..{last}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("metric", style="bold", no_wrap=True)
+    for col in ("first", "last", "min", "max"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("trend", no_wrap=True)
+    for key in plot.panel_keys(history, KEY_METRICS):
+        _, values = plot.series(history, key)
+        if values:
+            table.add_row(key, *(_fmt(v) for v in (values[0], values[-1], min(values), max(values))),
+                          sparkline(values, spark_width))
+    return table
+
+
+def eval_table(run: RunDir) -> Table | None:
+    """The `grpo eval` (and in-training) results saved under <run>/eval/*/summary.json."""
+    rows = []
+    for path in sorted((run.root / "eval").glob("*/summary.json")):
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        rows.append((path.parent.name, summary.get("metrics") or {}))
+    if not rows:
+        return None
+    keys = [k for k in dict.fromkeys(k for _, m in rows for k in m)
+            if k == "reward" or k.startswith(("pass@", "mean@", "maj@")) or k == "completions/mean_length"]
+    table = Table(title=f"evaluations in {run.root / 'eval'}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("eval", style="bold", no_wrap=True)
+    for key in keys:
+        table.add_column("length" if key == "completions/mean_length" else key, justify="right", no_wrap=True)
+    for name, m in rows:
+        table.add_row(Text(name), *(_fmt(m.get(k)) for k in keys))
+    return table
+
+
+def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> None:
+    """The n best and n worst completions of a step by total reward, with rewards and advantages."""
+    path = run.rollout_file(step)
+    if not path.exists():
+        available = sorted(_rollout_steps(run))
+        raise UserError(
+            f"no rollouts for step {step} in {run.root}", where="--rollouts",
+            valid=f"steps with rollouts: {', '.join(map(str, available))}" if available
+            else "none: this run wrote no rollouts (log.rollouts_every = 0, or too few steps yet)",
+            hint=f"grpo inspect {run.root} --rollouts {available[-1]}" if available
+            else "train with log.rollouts_every=N",
+        )
+    rows = read_jsonl(path)
+    if not rows:
+        raise UserError(f"{path} holds no complete rollout yet", where="--rollouts",
+                        hint="the run may still be writing it; try again")
+    ranked = sorted(rows, key=lambda r: _num(r.get("reward")), reverse=True)
+    kept = sum(bool(r.get("kept", True)) for r in rows)
+    console.rule(f"rollouts of step {step}: {len(rows)} completions, {kept} in the loss")
+    picks = [("best", ranked[:n])] + ([("worst", ranked[-n:][::-1])] if len(ranked) > n else [])
+    for kind, chosen in picks:
+        table = Table(title=f"{kind} {len(chosen)}", show_lines=True)
+        table.add_column("reward", justify="right")
+        table.add_column("rewards")
+        table.add_column("advantage", justify="right")
+        table.add_column("prompt (end)", max_width=30)
+        table.add_column("completion", overflow="fold")
+        for r in chosen:
+            parts = ", ".join(f"{k} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items())
+            flags = (" (truncated)" if r.get("truncated") else "") + ("" if r.get("kept", True) else " (dropped)")
+            table.add_row(_fmt(r.get("reward")), Text(parts + flags), _fmt(r.get("advantage")),
+                          Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80)),
+                          Text(str(r.get("completion", ""))))
+        console.print(table)
+
+
+# -- pieces ---------------------------------------------------------------------------------
+def _open_run(path: str) -> RunDir:
+    root = Path(path).expanduser()
+    run = RunDir(root)
+    if not root.exists():
+        from grpocli.errors import did_you_mean
+
+        raise UserError(
+            f"no run directory at {path}{did_you_mean(path, TOPICS)}", where="grpo inspect",
+            valid=f"{' | '.join(TOPICS)} | a run directory (with metrics.jsonl)",
+            hint="ls runs/   or   grpo inspect recipes",
+        )
+    if not (run.has_run() or run.config.exists() or run.rollouts.is_dir()):
+        raise UserError(
+            f"{path} is not a run directory: it has no metrics.jsonl, config.resolved.toml or checkpoints/",
+            where="grpo inspect", valid="the train.output_dir of a `grpo train` run",
+            hint="grpo train quickstart   (writes runs/quickstart)",
+        )
+    return run
+
+
+def _read_config(run: RunDir) -> dict[str, Any]:
+    try:
+        return tomllib.loads(run.config.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _summary(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[str]:
+    model = escape(str(config.get("model", {}).get("name_or_path", "?")))
+    data = escape(str(config.get("data", {}).get("dataset", "?")))
+    planned = config.get("train", {}).get("steps")
+    rewards = escape(", ".join(str(r.get("name", "?")) for r in config.get("rewards", [])) or "?")
+    logged = metrics.history[-1].get("step", len(metrics.history)) if metrics.history else 0
+    seconds = sum(v for m in metrics.history for k, v in m.items()
+                  if k.startswith("time/") and isinstance(v, (int, float)))
+    checkpoints = ", ".join(p.name for _, p in run.list_checkpoints()) or "none"
+    rollouts = ", ".join(map(str, sorted(_rollout_steps(run)))) or "none"
+    return [
+        f"model [bold]{model}[/bold]  dataset [bold]{data}[/bold]  rewards [bold]{rewards}[/bold]",
+        f"steps logged [bold]{logged}[/bold]" + (f" of {planned}" if planned else "")
+        + (f"  ({seconds:.0f} s in timed phases)" if seconds else ""),
+        escape(f"checkpoints: {checkpoints}"),
+        escape(f"rollouts at steps: {rollouts}   (grpo inspect {run.root} --rollouts STEP)"),
+    ]
+
+
+def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[str]:
+    notes = []
+    if not run.config.exists():
+        notes.append("config.resolved.toml is missing: the recipe of this run is unknown")
+    if not metrics.history:
+        notes.append("metrics.jsonl is missing or empty: no step has finished yet")
+    if metrics.torn:
+        notes.append("the last line of metrics.jsonl is incomplete (the run is writing it, or stopped "
+                     "mid-write); it is left out")
+    if metrics.bad_lines:
+        notes.append(f"lines {', '.join(map(str, metrics.bad_lines[:5]))} of metrics.jsonl are not JSON; skipped")
+    planned = config.get("train", {}).get("steps")
+    logged = metrics.history[-1].get("step", 0) if metrics.history else 0
+    if planned and isinstance(logged, int) and logged < planned:
+        age = time.time() - run.metrics.stat().st_mtime if run.metrics.exists() else None
+        if age is not None and age < RUNNING_SECONDS:
+            notes.append(f"the run is at step {logged} of {planned} and wrote metrics {age:.0f} s ago: "
+                         "it may still be going; this is what it has written so far")
+        else:
+            latest = run.latest_checkpoint()
+            resume = (f"; resume from step-{latest[0]} with `grpo train` and the same train.output_dir"
+                      if latest else "")
+            notes.append(f"the run stopped at step {logged} of {planned}{resume}")
+    return notes
+
+
+def _show_warnings(history: list[dict[str, Any]], console: Console) -> None:
+    found = scan(history)
+    if not found:
+        console.print("[green]no warnings[/green] (no-signal, truncation, format-only, length, KL)")
+        return
+    table = Table(title="warnings", show_lines=True)
+    table.add_column("code", style="bold red", no_wrap=True)
+    table.add_column("steps", no_wrap=True)
+    table.add_column("what and what to do")
+    for w in found:
+        span = f"{w.step}-{w.last_step}" if w.last_step is not None else f"{w.step}-now"
+        table.add_row(w.code, span, Text(w.message))
+    console.print(table)
+
+
+def _write_png(run: RunDir, history: list[dict[str, Any]], console: Console) -> None:
+    if not plot.plot_available():
+        console.print(f"plot skipped: matplotlib is not installed; {escape(plot.INSTALL_HINT)}")
+        return
+    target = run.root / "metrics.png"
+    try:
+        plot.write_plot(history, target, title=str(run.root))
+    except OSError as exc:
+        console.print(f"[yellow]note:[/yellow] could not write {escape(str(target))}: {escape(str(exc))}")
+        return
+    console.print(f"plot: {escape(str(target))}")
+
+
+def _rollout_steps(run: RunDir) -> list[int]:
+    if not run.rollouts.is_dir():
+        return []
+    steps = []
+    for p in run.rollouts.glob("step-*.jsonl"):
+        tail = p.stem.removeprefix("step-")
+        if tail.isdigit():
+            steps.append(int(tail))
+    return steps
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else -math.inf
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "-" if v is None else str(v)
+    if isinstance(v, int) or (v.is_integer() and abs(v) < 1e9):
+        return str(int(v))
+    return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.1e}"
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]

@@ -1,0 +1,200 @@
+"""Warnings a person wants, read from metrics.jsonl: pure functions, no torch, cheap per step.
+
+Each rule is a named function in ``RULES`` that looks at a bounded window of the history
+ending at ``end`` (the first and last few steps), so ``check`` costs O(window) whatever the
+run's length and the trainer can call it every step. The failure modes are those GRPO users
+report (TRL / open-instruct / verl issues; DAPO, Yu et al. 2025, on zero-spread groups and
+overlong completions):
+
+    no_signal          every completion of a group gets the same reward (frac_reward_zero_std
+                       near 1) for many steps: advantages are 0, the model does not learn
+    truncated          most completions hit max_completion_length
+    format_only        the reward rises only in the format component (rewards named format.*)
+    length_explosion   the mean completion length grows several-fold
+    kl_explosion       the KL to the reference grows large
+
+``check(history)`` says what holds now; ``scan(history)`` says when each first held (inspect).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NO_SIGNAL_FRAC, NO_SIGNAL_STEPS = 0.9, 10
+TRUNCATED_FRAC, TRUNCATED_STEPS = 0.5, 5
+FORMAT_WINDOW, FORMAT_RISE, TASK_FLAT = 10, 0.2, 0.05
+LENGTH_WINDOW, LENGTH_GROWTH, LENGTH_MIN_TOKENS = 5, 3.0, 32.0
+KL_WINDOW, KL_LIMIT, KL_GROWTH, KL_FLOOR = 3, 1.0, 10.0, 0.1
+FORMAT_PREFIX = "format."
+
+History = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Warning:  # noqa: A001 (the name a reader of `grpo inspect` expects)
+    code: str
+    message: str
+    step: int                      # the step the condition was seen at
+    last_step: int | None = None   # scan(): the last step it held (None: still holds at the end)
+
+    def render(self) -> str:
+        return f"step {self.step}: {self.message} [{self.code}]"
+
+
+def check(metrics_history: History) -> list[Warning]:
+    """The warnings that hold at the end of ``metrics_history`` (one dict per step, oldest first)."""
+    end = len(metrics_history)
+    return [w for rule in RULES.values() if (w := rule(metrics_history, end)) is not None]
+
+
+def scan(metrics_history: History) -> list[Warning]:
+    """Each warning that held at some point, with the first step it held and the last one
+    (``last_step`` None when it still holds at the end). O(steps x window)."""
+    first: dict[str, Warning] = {}
+    last: dict[str, int] = {}
+    for end in range(1, len(metrics_history) + 1):
+        for code, rule in RULES.items():
+            w = rule(metrics_history, end)
+            if w is not None:
+                first.setdefault(code, w)
+                last[code] = end
+    out = []
+    for code, w in first.items():
+        still = last[code] == len(metrics_history)
+        out.append(Warning(w.code, w.message, w.step, None if still else _step(metrics_history, last[code])))
+    return sorted(out, key=lambda w: w.step)
+
+
+class Watch:
+    """Live warnings for the training loop: ``for w in watch.update(metrics): show(w)``.
+
+    Keeps the history and shows each code once when it starts to hold (again after it stopped).
+    """
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.active: set[str] = set()
+
+    def update(self, metrics: dict[str, Any]) -> list[Warning]:
+        self.history.append(metrics)
+        now = check(self.history)
+        new = [w for w in now if w.code not in self.active]
+        self.active = {w.code for w in now}
+        return new
+
+
+# -- rules: (history, end) -> Warning | None, reading history[:end] ---------------------------
+def no_signal(h: History, end: int) -> Warning | None:
+    values = _window(h, end, "frac_reward_zero_std", NO_SIGNAL_STEPS)
+    if len(values) < NO_SIGNAL_STEPS or min(values) < NO_SIGNAL_FRAC:
+        return None
+    return Warning("no_signal", (
+        f"no learning signal: for {NO_SIGNAL_STEPS} steps {_pct(_mean(values))} of groups gave every "
+        "completion the same reward (frac_reward_zero_std), so their advantages are 0. Make the task "
+        "fit the model (easier prompts or a partial-credit reward), raise generation.num_generations "
+        "or generation.temperature, and look at the rewards in rollouts/"), _step(h, end))
+
+
+def truncated(h: History, end: int) -> Warning | None:
+    values = _window(h, end, "completions/clipped_ratio", TRUNCATED_STEPS)
+    if len(values) < TRUNCATED_STEPS or _mean(values) < TRUNCATED_FRAC:
+        return None
+    return Warning("truncated", (
+        f"most completions are truncated: {_pct(_mean(values))} hit generation.max_completion_length "
+        f"over the last {TRUNCATED_STEPS} steps. Raise max_completion_length, or set "
+        "algorithm.mask_truncated_completions / algorithm.overlong_penalty"), _step(h, end))
+
+
+def format_only(h: History, end: int) -> Warning | None:
+    if end < 2 * FORMAT_WINDOW:
+        return None
+    names = [k for k in h[end - 1] if k.startswith("rewards/") and k.endswith("/mean")]
+    formats = [k for k in names if k[len("rewards/"):].startswith(FORMAT_PREFIX)]
+    tasks = [k for k in names if k not in formats]
+    if not formats or not tasks:
+        return None
+    rise = {k: _rise(h, end, k, FORMAT_WINDOW) for k in names}
+    risen = [k for k in formats if rise[k] is not None and rise[k] >= FORMAT_RISE]
+    if not risen or any(rise[k] is None or rise[k] > TASK_FLAT for k in tasks):
+        return None
+    fmt = ", ".join(f"{_name(k)} {rise[k]:+.2f}" for k in risen)
+    task = ", ".join(f"{_name(k)} {rise[k]:+.2f}" for k in tasks)
+    return Warning("format_only", (
+        f"the reward rises only in the format component ({fmt}; {task}): the model learns the format, "
+        "not the task. Check the task reward on rollouts/, lower the format rewards' weight, or use "
+        "algorithm.reward_combination = 'gated'"), _step(h, end))
+
+
+def length_explosion(h: History, end: int) -> Warning | None:
+    key = "completions/mean_length"
+    early = _window(h, min(end, LENGTH_WINDOW), key, LENGTH_WINDOW)
+    recent = _window(h, end, key, LENGTH_WINDOW)
+    if end < 2 * LENGTH_WINDOW or not early or not recent:
+        return None
+    before, now = _mean(early), _mean(recent)
+    if now < LENGTH_GROWTH * max(before, 1.0) or now - before < LENGTH_MIN_TOKENS:
+        return None
+    return Warning("length_explosion", (
+        f"completion length is exploding: {before:.0f} -> {now:.0f} tokens ({now / max(before, 1.0):.1f}x) "
+        "since the start. Look for repetition in rollouts/; consider algorithm.overlong_penalty, a length "
+        "reward, or a lower train.learning_rate"), _step(h, end))
+
+
+def kl_explosion(h: History, end: int) -> Warning | None:
+    recent = _window(h, end, "kl", KL_WINDOW)
+    if len(recent) < KL_WINDOW:
+        return None
+    now = _mean(recent)
+    early = [v for v in _window(h, min(end, 2 * KL_WINDOW), "kl", 2 * KL_WINDOW) if v > 0]
+    baseline = _mean(early) if early and end > 3 * KL_WINDOW else None
+    grown = baseline is not None and now >= KL_FLOOR and now >= KL_GROWTH * baseline
+    if now < KL_LIMIT and not grown:
+        return None
+    since = f" (from {baseline:.3g} at the start)" if baseline is not None else ""
+    return Warning("kl_explosion", (
+        f"KL to the reference is exploding: {now:.3g} over the last {KL_WINDOW} steps{since}. Lower "
+        "train.learning_rate, raise algorithm.beta, or check for a reward that can be gamed"), _step(h, end))
+
+
+RULES: dict[str, Callable[[History, int], Warning | None]] = {
+    "no_signal": no_signal,
+    "truncated": truncated,
+    "format_only": format_only,
+    "length_explosion": length_explosion,
+    "kl_explosion": kl_explosion,
+}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _window(h: History, end: int, key: str, size: int) -> list[float]:
+    """The finite numbers under ``key`` in h[end-size:end]."""
+    out = []
+    for m in h[max(0, end - size):end]:
+        v = m.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def _rise(h: History, end: int, key: str, size: int) -> float | None:
+    early, recent = _window(h, size, key, size), _window(h, end, key, size)
+    return _mean(recent) - _mean(early) if early and recent else None
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _step(h: History, end: int) -> int:
+    return int(h[end - 1].get("step", end))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _name(key: str) -> str:
+    return key[len("rewards/"):-len("/mean")]

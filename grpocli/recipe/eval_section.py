@@ -1,0 +1,49 @@
+"""The [eval] section: how `grpo eval` and evaluation during training sample and judge.
+
+Wired into ``Recipe`` by grpocli.recipe.schema as ``eval: EvalSection``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from grpocli.recipe.section import Section
+
+
+class EvalSection(Section):
+    every: int = Field(
+        0, ge=0, description="Evaluate every N training steps on a held-out split, logged as "
+        "eval/... in metrics.jsonl (0: off)."
+    )
+    split: str | None = Field(
+        None, description="Split to evaluate on (default: data.eval_split, else 'test')."
+    )
+    n: int = Field(8, ge=1, le=1024, description="Samples per prompt (the N of mean@N and maj@N).")
+    k: list[int] = Field(
+        default_factory=lambda: [1], description="k values of pass@k (each <= n)."
+    )
+    num_prompts: int = Field(
+        64, ge=0, description="Evaluate the first N prompts of the split (0: all of them)."
+    )
+    success_threshold: float = Field(
+        1.0, description="A sample succeeds when its reward (total, or success_reward's) is >= this."
+    )
+    success_reward: str | None = Field(
+        None, description="Judge success by this reward's value instead of the weighted total."
+    )
+    output_dir: str | None = Field(
+        None, description="Where `grpo eval` writes samples and summaries (default: the run's eval/)."
+    )
+
+    @field_validator("k")
+    @classmethod
+    def _positive_k(cls, k: list[int]) -> list[int]:
+        if not k or any(v < 1 for v in k):
+            raise ValueError(f"k must be a non-empty list of integers >= 1, got {k}")
+        return sorted(set(k))
+
+    @model_validator(mode="after")
+    def _k_at_most_n(self) -> EvalSection:
+        if max(self.k) > self.n:
+            raise ValueError(f"every k of pass@k must be <= n = {self.n}, got k = {self.k}")
+        return self
