@@ -1,7 +1,8 @@
 """Checkpoints that are complete or absent, and resume that continues exactly.
 
 step-N/ holds the model and tokenizer (save_pretrained, usable by `grpo eval` and vLLM) and
-trainer/: optimizer.pt, scheduler.pt, rng-rank{R}.pt, state.json (step, data position, ...).
+trainer/: optimizer.pt, scheduler.pt, rng-rank{R}.pt, state.json (step, data position, ...) and,
+when the reference model moves (ref_sync_steps > 0), reference.safetensors.
 It is written as step-N.tmp and renamed when every process has finished writing.
 """
 
@@ -19,45 +20,70 @@ import torch
 
 from grpocli.rundir import RunDir
 
+#: The moving reference model (algorithm.ref_sync_steps > 0), inside step-N/trainer/.
+REFERENCE = "reference.safetensors"
+
 
 def save_checkpoint(
     run: RunDir, step: int, *, accelerator: Any, model: Any, tokenizer: Any,
-    optimizer: Any, scheduler: Any, state: dict[str, Any], keep: int | None,
+    optimizer: Any, scheduler: Any, state: dict[str, Any], keep: int | None, reference: Any = None,
 ) -> Path:
+    """Write step-N.tmp on every process, then rename it to step-N (main process).
+
+    `reference` is saved too when given (a reference model that moves: ref_sync_steps > 0).
+    """
+    _check_replicas(accelerator, model)
     final = run.checkpoint(step)
     tmp = final.with_name(final.name + ".tmp")
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in run.checkpoints.glob("step-*.tmp"):  # left by a crash: never complete
+            shutil.rmtree(stale, ignore_errors=True)
         (tmp / "trainer").mkdir(parents=True)
     accelerator.wait_for_everyone()
     torch.save(_rng_state(), tmp / "trainer" / f"rng-rank{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+        _save_model(accelerator.unwrap_model(model), tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "trainer" / "scheduler.pt")
+        if reference is not None:
+            from safetensors.torch import save_model
+
+            save_model(reference, str(tmp / "trainer" / REFERENCE))
         (tmp / "trainer" / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _fsync_tree(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # atomic: step-N exists only when complete
+        _fsync_dir(final.parent)
         _prune(run, keep)
     accelerator.wait_for_everyone()
     return final
 
 
 def load_checkpoint(
-    path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any
+    path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, reference: Any = None,
 ) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and this process's RNG; return state.json."""
+    """Restore weights, optimizer, learning rate, this process's RNG (and a saved reference); return state.json.
+
+    The learning rate follows the schedule of the recipe being resumed (the scheduler is stepped to
+    the checkpoint's step), so a run extended with a larger train.steps decays over the new length.
+    Call it after every seeding: the RNG state it restores is the one the saved run had at step N.
+    """
+    state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
     load_weights(accelerator.unwrap_model(model), path)
     optimizer.load_state_dict(torch.load(path / "trainer" / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "trainer" / "scheduler.pt", weights_only=False))
+    _fast_forward(scheduler, state["step"])
+    saved_reference = path / "trainer" / REFERENCE
+    if reference is not None and saved_reference.exists():
+        from safetensors.torch import load_model
+
+        load_model(reference, str(saved_reference))
     rng = path / "trainer" / f"rng-rank{accelerator.process_index}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
-    return json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
+    return state
 
 
 def load_weights(model: Any, path: Path) -> None:
@@ -95,12 +121,52 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _save_model(model: Any, path: Path) -> None:
+    """save_pretrained without transformers' "Writing model shards" bar in the training output."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def _fast_forward(scheduler: Any, step: int) -> None:
+    """Step a fresh scheduler to `step`: the learning rate of the current schedule at that step."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+        for _ in range(step - scheduler.last_epoch):
+            scheduler.step()
+
+
+def _check_replicas(accelerator: Any, model: Any) -> None:
+    """DDP replicas must hold the same weights; a cheap fingerprint checks it (sharded FSDP or
+    DeepSpeed parameters differ per process by design and are not checked)."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return
+    with torch.no_grad():
+        mine = torch.stack([p.detach().double().sum() for p in model.parameters()])  # [P]
+    every = accelerator.gather(mine.to(accelerator.device)[None]).cpu()          # [W, P]
+    if not torch.allclose(every, every[0].expand_as(every), rtol=1e-6, atol=1e-9):
+        raise RuntimeError(f"the {accelerator.num_processes} processes hold different weights: "
+                           f"parameter sums {every.sum(dim=1).tolist()}")
+
+
 def _fsync_tree(root: Path) -> None:
     for dirpath, _, files in os.walk(root):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

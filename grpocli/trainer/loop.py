@@ -210,8 +210,8 @@ class Loop:
             s.nonfinite(metrics)
         if acc.is_main_process:
             s.metrics.write(metrics)
-            if r.log.rollouts_every and s.step % r.log.rollouts_every == 0:
-                write_rollouts(s.run, s.step, part)
+        if r.log.rollouts_every and s.step % r.log.rollouts_every == 0:
+            write_rollouts(s.run, s.step, part, acc)  # every process: the main one writes all groups
         if r.log.report_to:
             acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=s.step)
         s.progress.update(metrics, r.train.steps)
@@ -237,6 +237,7 @@ class Loop:
             save_checkpoint(
                 s.run, s.step, accelerator=s.accelerator, model=s.model, tokenizer=s.tokenizer,
                 optimizer=s.optimizer, scheduler=s.scheduler, state=s.state(), keep=r.train.save_total_limit,
+                reference=s.reference if r.algorithm.ref_sync_steps else None,  # it moves: resume needs it
             )
             s.last_saved = s.step
 

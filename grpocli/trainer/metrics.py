@@ -35,25 +35,34 @@ class MetricsLog:
         self._file.close()
 
 
-def write_rollouts(run: RunDir, step: int, rollouts: Rollouts) -> None:
-    """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage."""
-    run.rollouts.mkdir(parents=True, exist_ok=True)
+def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any) -> None:
+    """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage.
+
+    Every process must call it: each one's rows are gathered (accelerate's gather_object, in
+    rank order) and the main process writes them all; `group` is the group's index over all processes.
+    """
+    from accelerate.utils import gather_object
+
     g = rollouts.group_size
-    lines = []
-    for i, completion in enumerate(rollouts.completions):
-        lines.append(json.dumps({
-            "step": step,
-            "group": i // g,
-            "prompt": rollouts.rows[i // g]["prompt_text"],
-            "completion": completion,
-            "rewards": {k: v[i] for k, v in rollouts.per_reward.items()},
-            "reward": float(rollouts.rewards[i]),
-            "advantage": float(rollouts.advantages[i]),
-            "truncated": bool(rollouts.truncated[i]),
-            "kept": bool(rollouts.keep[i]),
-        }))
+    first = accelerator.process_index * rollouts.num_prompts
+    rows = [{
+        "step": step,
+        "group": first + i // g,
+        "prompt": rollouts.rows[i // g]["prompt_text"],
+        "completion": completion,
+        "rewards": {k: v[i] for k, v in rollouts.per_reward.items()},
+        "reward": float(rollouts.rewards[i]),
+        "advantage": float(rollouts.advantages[i]),
+        "truncated": bool(rollouts.truncated[i]),
+        "kept": bool(rollouts.keep[i]),
+    } for i, completion in enumerate(rollouts.completions)]
+    if accelerator.num_processes > 1:
+        rows = gather_object(rows)
+    if not accelerator.is_main_process:
+        return
+    run.rollouts.mkdir(parents=True, exist_ok=True)
     tmp = run.rollout_file(step).with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     os.replace(tmp, run.rollout_file(step))
 
 

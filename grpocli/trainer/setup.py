@@ -100,7 +100,8 @@ class Session:
         acc, r = self.accelerator, self.recipe
         if resume_from is not None:
             state = load_checkpoint(resume_from[1], accelerator=acc, model=self.model,
-                                    optimizer=self.optimizer, scheduler=self.scheduler)
+                                    optimizer=self.optimizer, scheduler=self.scheduler,
+                                    reference=self.reference)
             self.step = self.last_saved = state["step"]
             self.stream.position = state["position"]
             self.num_tokens = state.get("num_tokens", 0)
