@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
 
 from grpocli.algorithms import ADVANTAGES, overlong_penalty, zero_spread_groups
+from grpocli.evaluation.training import evaluate_during_training, prepare_evaluation
 from grpocli.generation.base import Sampling
 from grpocli.recipe import Resolved
 from grpocli.rewards import score
@@ -29,10 +31,15 @@ from grpocli.trainer.setup import Session, TrainingStopped
 from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
 
 
+# A step whose groups were all flat skips optimizer.step() but still advances the schedule.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+
+
 def train(resolved: Resolved) -> None:
     """Run `grpo train` in this process (one of several under `accelerate launch`)."""
     s = Session.open(resolved)
     try:
+        prepare_evaluation(s)  # a wrong eval split fails now, not at the first evaluation
         Loop(s).run()
     finally:
         s.close()
@@ -56,6 +63,7 @@ class Loop:
         s, r = self.s, self.s.recipe
         while s.step < r.train.steps:
             timings: dict[str, float] = {"time/weight_sync": self.last_sync}
+            cycle_start = s.step
             rollouts = self.collect(timings)                       # phases 1-4
             slices = self.slices(rollouts, timings)                         # phase 5
             for _ in range(r.algorithm.num_iterations):                     # phase 6
@@ -74,6 +82,9 @@ class Loop:
             s.backend.sync_weights(s.accelerator.unwrap_model(s.model))    # phase 7
             s.maybe_refresh_reference()
             self.last_sync = time.perf_counter() - t0  # logged with the next cycle's steps
+            evaluated = evaluate_during_training(s, s.step, since=cycle_start)
+            if evaluated and s.accelerator.is_main_process:
+                s.metrics.write({"step": s.step, **evaluated})
             self.maybe_checkpoint()
         s.progress.note(f"done: {s.step} steps; run directory {s.run.root}")
 

@@ -107,9 +107,12 @@ class Progress:
         else:
             print(f"step {metrics['step']}/{total}  {info}", file=sys.stderr, flush=True)
 
-    def note(self, text: str) -> None:
-        if self.enabled:
-            (self._bar.console.print if self._bar else lambda t: print(t, file=sys.stderr, flush=True))(text)
+    def note(self, text: str, *, always: bool = False) -> None:
+        """A line above the progress display; `always` prints it even with log.progress='none'."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        elif self.enabled or always:
+            print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from grpocli.errors import UserError
+from grpocli.inspection.warnings import Watch
 from grpocli.recipe import Resolved, to_toml
 from grpocli.rundir import RunDir
 from grpocli.data.stream import PromptStream
@@ -46,6 +47,7 @@ class Session:
     curriculum_state: dict = field(default_factory=dict)
     pending_rows: list | None = None
     group_stats: dict = field(default_factory=dict)
+    warnings: Watch = field(default_factory=Watch)
 
     @property
     def recipe(self):
@@ -171,10 +173,14 @@ class Session:
                 where=f"step {self.step}", valid="finite losses",
                 hint="lower train.learning_rate, set train.max_grad_norm, or on_nonfinite_loss = 'skip'",
             )
-        self.progress.note(f"step {self.step}: non-finite gradient norm; the update was skipped")
+        if self.accelerator.is_main_process:
+            self.progress.note(f"step {self.step}: non-finite gradient norm; the update was skipped", always=True)
 
     def watch(self, metrics: dict[str, Any]) -> None:
-        """Live warnings (no learning signal, truncation, ...): see grpocli.inspection."""
+        """Live warnings (no learning signal, truncation, ...), shown once when they start to hold."""
+        if self.accelerator.is_main_process:
+            for warning in self.warnings.update(metrics):
+                self.progress.note(f"warning: {warning.render()}", always=True)
 
     def close(self) -> None:
         self.progress.close()

@@ -70,3 +70,15 @@ def test_variant_trains(tmp_path, overrides):
     if "algorithm.num_iterations=2" in overrides:
         # the second update of a batch sees a ratio != 1: the old log-probs were kept
         assert any(m["clip_ratio/region_mean"] > 0 or m["loss"] != 0 for m in metrics)
+
+
+def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
+    from grpocli.inspection.warnings import NO_SIGNAL_STEPS
+
+    # format.strict never fires for an untrained tiny model: every group is flat, no signal
+    metrics = run(tmp_path, 'rewards=[{name="format.strict"}]', f"train.steps={NO_SIGNAL_STEPS + 1}",
+                  "eval.every=2", "eval.num_prompts=2", "eval.n=2", "eval.k=[1, 2]")
+    assert "no learning signal" in capfd.readouterr().err
+    evals = [m for m in metrics if "eval/reward" in m]
+    assert [m["step"] for m in evals] == list(range(2, NO_SIGNAL_STEPS + 2, 2))
+    assert all(m["frac_reward_zero_std"] == 1.0 for m in metrics if "frac_reward_zero_std" in m)
