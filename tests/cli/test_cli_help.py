@@ -36,3 +36,16 @@ def test_help_explains_itself_without_heavy_imports(command):
 def test_version(grpo):
     out = grpo("--version")
     assert out.returncode == 0 and out.stdout.startswith("grpo ")
+
+
+def test_inspect_data_shows_rendered_prompts_and_columns(grpo):
+    out = grpo("inspect", "data", "quickstart", "--n", "2", "data.system_prompt=Be brief.")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("row ") == 2
+    assert "answer:" in out.stdout and "prompt_text:" in out.stdout
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in out.stdout
+
+
+def test_inspect_recipes_lists_builtins(grpo):
+    out = grpo("inspect", "recipes", env={"COLUMNS": "200"})
+    assert out.returncode == 0 and "quickstart" in out.stdout and "countdown_tiny" in out.stdout
