@@ -1,0 +1,255 @@
+"""generation.backend = "vllm-server": generate on a `grpo vllm-serve` process, send it new weights.
+
+The client follows TRL's ``VLLMClient`` (wait for /health, generate from token ids, push weights
+after each optimizer step, reset the prefix cache) with grpo's server protocol
+(grpocli/server/protocol.py): weights go in buckets (one HTTP call or one broadcast per bucket,
+not per tensor), the first update sends the full spec for the server to check, and every call has
+a timeout (``vllm.server_timeout``) that ends in a UserError naming the URL and what to do,
+never a hang. Transports: "http" (safetensors bodies; CPU or GPU), "gloo" (a process group, CPU),
+"nccl" (GPUs); the default is nccl when both sides have a GPU, else http; the environment
+variable GRPO_VLLM_WEIGHT_TRANSPORT overrides it. The API key, if the server has one, is read from
+GRPO_VLLM_API_KEY (an environment variable, so it is never written to config.resolved.toml).
+
+Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from grpocli.errors import UserError
+from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.weights import (
+    DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, dtype_from_name, flatten_bucket, pack_bucket,
+    policy_weights,
+)
+
+PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: the server needs fastapi)
+START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
+
+
+class ServerClient:
+    """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError."""
+
+    def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.api_key = api_key
+        self.group: Any = None
+        self.group_backend: str | None = None
+
+    # -- HTTP ----------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        headers = {"Accept": "application/json"}
+        data = None
+        if isinstance(body, bytes):
+            data, headers["Content-Type"] = body, "application/octet-stream"
+        elif body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise self._refused(path, exc) from None
+        except TimeoutError:  # socket.timeout is TimeoutError
+            raise UserError(
+                f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
+                where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
+                hint="raise vllm.server_timeout, and look at the server's terminal for errors",
+            ) from None
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UserError(
+                f"no grpo vllm-serve answers at {self.url} ({reason})", where="vllm.server_url",
+                valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
+            ) from None
+
+    def _refused(self, path: str, exc: urllib.error.HTTPError) -> UserError:
+        try:
+            detail = json.loads(exc.read() or b"{}").get("detail", "")
+        except (ValueError, AttributeError):
+            detail = ""
+        detail = detail if isinstance(detail, str) else json.dumps(detail)
+        hint = {401: "export GRPO_VLLM_API_KEY=<the server's --api-key> before grpo train",
+                409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
+                     "you train>; if an update failed midway, the next complete one repairs it"}.get(
+            exc.code, "look at the server's terminal for the full error")
+        return UserError(f"grpo vllm-serve at {self.url} refused {path}: HTTP {exc.code}: {detail or exc.reason}",
+                         where="vllm.server_url", hint=hint)
+
+    def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
+        """Poll /health until the server answers (it may still be starting), then read /info."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call("GET", "/health", timeout=min(5.0, timeout))
+                break
+            except UserError as err:
+                if time.monotonic() + 1.0 > deadline:
+                    raise UserError(f"{err.what}; waited {timeout:g} s", where=err.where, valid=err.valid,
+                                    hint=err.hint) from None
+                time.sleep(1.0)
+        info = self.call("GET", "/info")
+        if not isinstance(info, dict) or info.get("protocol") != PROTOCOL_VERSION:
+            raise UserError(
+                f"the server at {self.url} is not a grpo vllm-serve of protocol {PROTOCOL_VERSION} "
+                f"(it says {info.get('protocol') if isinstance(info, dict) else info!r})", where="vllm.server_url",
+                valid="`grpo vllm-serve` from the same grpo version as the trainer",
+                hint="pip install the same grpocli on both machines, then restart the server",
+            )
+        return info
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
+                 seed: int | None = None) -> Generated:
+        body = {"prompt_ids": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                "min_p": sampling.min_p, "repetition_penalty": sampling.repetition_penalty,
+                "stop": list(sampling.stop), "seed": seed, "logprobs": True}
+        out = self.call("POST", "/generate", body)
+        return Generated(prompt_ids=out["prompt_ids"], completion_ids=out["completion_ids"],
+                         truncated=out["truncated"], logprobs=out["logprobs"])
+
+    def reset_prefix_cache(self) -> None:
+        self.call("POST", "/reset_prefix_cache", {})
+
+    def close_server(self) -> None:
+        self.call("POST", "/close", {})
+
+    # -- weights -------------------------------------------------------------------------
+    def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
+                       max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
+        """Send every tensor in buckets; with check, the server first compares the full spec."""
+        if transport != "http" and self.group_backend != transport:
+            self.open_group(transport)
+        begin = self.call("POST", "/weights/begin", {
+            "transport": transport, "aliases": weights.aliases, "timeout": self.timeout,
+            "spec": [s.to_json() for s in weights.specs()] if check else None})
+        uid = begin["update_id"]
+        try:
+            for bucket in buckets(weights.unique(), max_bytes):
+                if transport == "http":
+                    self.call("POST", f"/weights/bucket?update_id={uid}", pack_bucket(bucket))
+                else:
+                    self._broadcast(uid, bucket)
+            return self.call("POST", "/weights/end", {"update_id": uid})
+        except BaseException:
+            with contextlib.suppress(UserError):  # leave the server free for the next update
+                self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
+            raise
+
+    def open_group(self, backend: str) -> None:
+        """Join the server's gloo/NCCL group as rank 0 (the sender of every bucket)."""
+        import torch.distributed as dist
+
+        from grpocli.generation.weights import open_group
+
+        port = self.call("POST", "/weights/group", {"backend": backend, "timeout": self.timeout})["port"]
+        server = urllib.parse.urlparse(self.url).hostname or "127.0.0.1"
+        try:
+            store = dist.TCPStore(server, port, 2, False, timedelta(seconds=self.timeout))
+            local = "127.0.0.1" if server in ("127.0.0.1", "localhost") else None
+            self.group = open_group(backend, store, 0, 2, self.timeout, hostname=local)
+        except Exception as exc:
+            raise UserError(f"cannot join the server's {backend} group at {server}:{port}: {exc}",
+                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid="http, or a port the server can be reached on",
+                            hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http") from None
+        self.group_backend = backend
+
+    def _broadcast(self, uid: str, bucket: list) -> None:
+        """Announce a bucket over HTTP while broadcasting it; whichever fails first is reported."""
+        device = "cuda" if self.group_backend == "nccl" else "cpu"
+        flat, specs = flatten_bucket(bucket, device)
+        with ThreadPoolExecutor(1) as pool:
+            announced = pool.submit(self.call, "POST", "/weights/broadcast",
+                                    {"update_id": uid, "tensors": [s.to_json() for s in specs]})
+            work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
+            deadline = time.monotonic() + self.timeout
+            while not work.is_completed():
+                if announced.done() and announced.exception() is not None:
+                    self.group, self.group_backend = None, None  # out of step: rebuilt next time
+                    raise announced.exception()
+                if time.monotonic() > deadline:
+                    self.group, self.group_backend = None, None
+                    raise UserError(f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
+                                    where="vllm.server_timeout", hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http")
+                time.sleep(0.002)
+            work.wait()
+            announced.result()
+
+
+class VllmServerBackend:
+    """GenerationBackend on a `grpo vllm-serve`; the policy's weights are sent when it opens."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, vllm_section: Any, max_prompt_length: int,
+                 transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        v = vllm_section
+        self.client = ServerClient(v.server_url, timeout=v.server_timeout,
+                                   api_key=os.environ.get("GRPO_VLLM_API_KEY"))
+        self.info = self.client.wait_until_ready()
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.dtype = dtype_from_name(self.info["dtype"])
+        self.transport = (transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT")
+                          or _default_transport(model, self.info))
+        if self.transport not in self.info["transports"]:
+            raise UserError(f"the server offers no {self.transport!r} weight transport",
+                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid=", ".join(self.info["transports"]))
+        self.bucket_bytes = bucket_bytes
+        self.checked = False
+        self.last_sync: dict[str, Any] = {}
+        self.sync_weights(model)  # the server may hold other weights than the policy (resume, base model)
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return [row[-self.max_prompt_length :] for row in ids]  # left-truncate, as HFBackend
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
+        return self.client.generate(self.encode_prompts(prompts), n, sampling)
+
+    def sync_weights(self, model: Any) -> None:
+        """Main process: send the weights (the spec first, once); everyone: wait for it."""
+        state = _partial_state()
+        if state is None or state.is_main_process:
+            with policy_weights(model, self.dtype) as weights:
+                self.last_sync = self.client.update_weights(weights, check=not self.checked, transport=self.transport,
+                                                            max_bytes=self.bucket_bytes)
+            self.checked = True
+        if state is not None and state.num_processes > 1:
+            state.wait_for_everyone()
+
+    def close(self) -> None:
+        pass  # the server outlives the run; stop it with POST /close or Ctrl-C
+
+
+def _default_transport(model: Any, info: dict[str, Any]) -> str:
+    try:
+        on_gpu = next(model.parameters()).is_cuda
+    except (StopIteration, AttributeError):
+        on_gpu = False
+    return "nccl" if on_gpu and "nccl" in info["transports"] else "http"
+
+
+def _partial_state() -> Any:
+    try:
+        from accelerate import PartialState
+    except ImportError:
+        return None
+    return PartialState() if PartialState._shared_state else None
+
+
+__all__ = ["ServerClient", "VllmServerBackend"]

