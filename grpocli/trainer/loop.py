@@ -26,6 +26,8 @@ from grpocli.rewards import score
 from grpocli.trainer.batching import make_micro_batches, select_sequences
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import gather_floats, length_metrics, write_rollouts
+from grpocli.trainer.packing import shares_prompts
+from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.setup import Session, TrainingStopped
 from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
@@ -38,10 +40,14 @@ warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\
 def train(resolved: Resolved) -> None:
     """Run `grpo train` in this process (one of several under `accelerate launch`)."""
     s = Session.open(resolved)
+    loop = None
     try:
         prepare_evaluation(s)  # a wrong eval split fails now, not at the first evaluation
-        Loop(s).run()
+        loop = Loop(s)
+        loop.run()
     finally:
+        if loop is not None and loop.prefetch:
+            loop.prefetch.close()
         s.close()
 
 
@@ -58,6 +64,10 @@ class Loop:
         )
         self.cycle = r.train.steps_per_generation * r.algorithm.num_iterations
         self.last_sync = 0.0
+        self.prefetch = None
+        if r.generation.async_steps:
+            self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
+                                       n=r.generation.num_generations, render=s.render)
 
     def run(self) -> None:
         s, r = self.s, self.s.recipe
@@ -79,6 +89,8 @@ class Loop:
                     timings["time/training"] = time.perf_counter() - t0
                     self.record(part, stats, timings, lr)           # phase 8
             t0 = time.perf_counter()
+            if self.prefetch:
+                self.prefetch.drain()  # a sync never overlaps a generation
             s.backend.sync_weights(s.accelerator.unwrap_model(s.model))    # phase 7
             s.maybe_refresh_reference()
             self.last_sync = time.perf_counter() - t0  # logged with the next cycle's steps
@@ -92,7 +104,14 @@ class Loop:
     def collect(self, timings: dict[str, float]) -> Rollouts:
         s, r = self.s, self.s.recipe
         n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
-        rollouts = self.sample(s.next_rows(n_prompts), timings)                      # 1-3. [B*G]
+        if self.prefetch:  # generated while the previous batches trained
+            t0 = time.perf_counter()
+            rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.step)
+            timings["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
+            timings["generation/staleness"] = s.step - generated_at
+            rollouts = self.sample(rows, timings, generated)
+        else:
+            rollouts = self.sample(s.next_rows(n_prompts), timings)                  # 1-3. [B*G]
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
             parts = [rollouts]
             for _ in range(r.algorithm.max_fill_rounds):
@@ -106,13 +125,14 @@ class Loop:
         s.after_generation(rollouts)
         return rollouts
 
-    def sample(self, rows: list[dict], timings: dict[str, float]) -> Rollouts:
-        """Generate G completions for each row and score them."""
+    def sample(self, rows: list[dict], timings: dict[str, float], generated: Any = None) -> Rollouts:
+        """Generate G completions for each row (unless given) and score them."""
         s, r = self.s, self.s.recipe
-        t0 = time.perf_counter()
-        generated = s.backend.generate([s.render(row) for row in rows], r.generation.num_generations,
-                                       self.sampling)                                 # [B*G]
-        timings["time/generation"] = timings.get("time/generation", 0.0) + time.perf_counter() - t0
+        if generated is None:
+            t0 = time.perf_counter()
+            generated = s.backend.generate([s.render(row) for row in rows], r.generation.num_generations,
+                                           self.sampling)                             # [B*G]
+            timings["time/generation"] = timings.get("time/generation", 0.0) + time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
             completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
@@ -181,8 +201,8 @@ class Loop:
             part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))
             batches = make_micro_batches(
                 part, select_sequences(part, r.algorithm.mask_truncated_completions),
-                pad_id=s.pad_id, max_sequences=r.train.micro_batch_size,
-                max_tokens=r.train.max_tokens_per_micro_batch,
+                max_sequences=r.train.micro_batch_size, max_tokens=r.train.max_tokens_per_micro_batch,
+                share_prompts=shares_prompts(s.accelerator.unwrap_model(s.model)),
             )
             t0 = time.perf_counter()
             if self.cycle > 1:  # the policy moves before these batches are used: keep the old log-probs

