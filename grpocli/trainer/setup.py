@@ -116,7 +116,10 @@ class Session:
             self.run.config.write_text(to_toml(r), encoding="utf-8")
             self.metrics = MetricsLog(self.run, resume_step=self.step)
         if r.log.report_to:
-            acc.init_trackers(self.resolved.name, config=r.model_dump(mode="json"))
+            from grpocli.recipe import flatten
+
+            config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(r).items()}
+            acc.init_trackers(self.resolved.name, config=config)  # flat scalars suit every tracker
         if self.progress._bar is not None:
             self.progress._bar.update(self.progress._task, completed=self.step)
 

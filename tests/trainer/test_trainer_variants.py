@@ -82,3 +82,10 @@ def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
     evals = [m for m in metrics if "eval/reward" in m]
     assert [m["step"] for m in evals] == list(range(2, NO_SIGNAL_STEPS + 2, 2))
     assert all(m["frac_reward_zero_std"] == 1.0 for m in metrics if "frac_reward_zero_std" in m)
+
+
+def test_tensorboard_tracker_through_accelerate(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install 'grpocli[trackers]')")
+    run(tmp_path, 'log.report_to=["tensorboard"]')
+    events = list((tmp_path / "run").rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
