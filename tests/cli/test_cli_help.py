@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from cli_runner import ROOT
 
 COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["eval"], ["inspect"]]
 

@@ -27,7 +27,7 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    from conftest import run_grpo
+    from cli_runner import run_grpo
 
     out = tmp_path_factory.mktemp("ddp") / "run"
     result = run_grpo("train", "quickstart", *SETTINGS, f"train.output_dir={out}",
