@@ -10,13 +10,23 @@ from grpocli.generation.base import Generated, Sampling
 
 
 class HFBackend:
-    """Samples from the live policy: `sync_weights` is free because it is the same model."""
+    """Samples from the live policy: `sync_weights` is free because it is the same model.
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, batch_size: int = 64) -> None:
+    transformers' `generate(num_return_sequences=G)` repeats each prompt G times *before* the
+    prefill (`_expand_inputs_for_generation`), so the prompt is encoded G times. With
+    `share_prefill` (the default) each unique prompt is prefilled once: all but its last token go
+    through the model, the KV cache is repeated G times (`DynamicCache.batch_repeat_interleave`),
+    and `generate` continues from that cache (it feeds only the uncached last prompt token).
+    Same tokens for the same seed (tests/trainer/test_trainer_packing.py).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, batch_size: int = 64,
+                 share_prefill: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
-        self.batch_size = batch_size  # completions per generate call
+        self.batch_size = batch_size  # completions per generate call (whole groups, at least one)
+        self.share_prefill = share_prefill
 
     def sync_weights(self, model: Any) -> None:
         self.model = model
@@ -33,16 +43,14 @@ class HFBackend:
         prompt_ids = self.encode_prompts(prompts)
         eos = _eos_ids(self.tokenizer, self.model)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
-        rows = [p for p in prompt_ids for _ in range(n)]  # [B*G] prompt-major
-        completions: list[list[int]] = []
+        per_call = max(1, self.batch_size // n)  # prompts per generate call
+        completions: list[list[int]] = []  # [B*G] prompt-major
         truncated: list[bool] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(rows), self.batch_size):
-                chunk = rows[start : start + self.batch_size]
-                out = self._generate_chunk(chunk, sampling, eos, pad)
-                for seq in out:
+            for start in range(0, len(prompt_ids), per_call):
+                for seq in self._generate_chunk(prompt_ids[start : start + per_call], n, sampling, eos, pad):
                     cut, trunc = _cut_at_eos(seq, eos)
                     completions.append(cut)
                     truncated.append(trunc)
@@ -50,14 +58,36 @@ class HFBackend:
             self.model.train(was_training)
         return Generated(prompt_ids=prompt_ids, completion_ids=completions, truncated=truncated)
 
-    def _generate_chunk(self, chunk: list[list[int]], s: Sampling, eos: list[int], pad: int) -> list[list[int]]:
+    def _generate_chunk(self, chunk: list[list[int]], n: int, s: Sampling, eos: list[int], pad: int) -> list[list[int]]:
+        """n completions of each prompt in `chunk`, prompt-major: `[len(chunk) * n]` token lists."""
         width = max(len(r) for r in chunk)
         input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # [b, Tp] left-padded
-        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)     # [b, Tp]
         for i, row in enumerate(chunk):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention[i, width - len(row) :] = 1
         device = next(self.model.parameters()).device
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        cache = self._prefill(input_ids, attention, n) if self.share_prefill and width > 1 else None
+        out = self.model.generate(
+            input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention.repeat_interleave(n, 0),
+            past_key_values=cache, **self._sampling_kwargs(s, eos, pad),
+        )  # [b*n, Tp + Tc]
+        return out[:, width:].tolist()
+
+    def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int) -> Any:
+        """The KV cache of every prompt but its last token, computed once, repeated n times."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        mask = attention[:, :-1]                                   # [b, Tp-1]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)             # as generate numbers left-padded rows
+        self.model(input_ids=input_ids[:, :-1], attention_mask=mask, position_ids=positions,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n)                           # [b*n, ...] prompt-major
+        return cache
+
+    def _sampling_kwargs(self, s: Sampling, eos: list[int], pad: int) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(
             do_sample=True,
             temperature=s.temperature,
@@ -72,10 +102,7 @@ class HFBackend:
         )
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
-        out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
-        )  # [b, Tp + Tc]
-        return out[:, width:].tolist()
+        return kwargs
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -26,7 +26,7 @@ from grpocli.rewards import score
 from grpocli.trainer.batching import make_micro_batches, select_sequences
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import gather_floats, length_metrics, write_rollouts
-from grpocli.trainer.packing import shares_prompts
+from grpocli.trainer.packing import choose_layout
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.setup import Session, TrainingStopped
@@ -202,7 +202,7 @@ class Loop:
             batches = make_micro_batches(
                 part, select_sequences(part, r.algorithm.mask_truncated_completions),
                 max_sequences=r.train.micro_batch_size, max_tokens=r.train.max_tokens_per_micro_batch,
-                share_prompts=shares_prompts(s.accelerator.unwrap_model(s.model)),
+                layout=choose_layout(s.accelerator.unwrap_model(s.model)),
             )
             t0 = time.perf_counter()
             if self.cycle > 1:  # the policy moves before these batches are used: keep the old log-probs
