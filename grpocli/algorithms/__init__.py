@@ -14,6 +14,7 @@ from grpocli.algorithms.advantages import (
     overlong_penalty,
     zero_spread_groups,
 )
+from grpocli.algorithms.importance import mismatch_sums, truncated_importance_weights
 from grpocli.algorithms.kl import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3
 from grpocli.algorithms.logprobs import (
     DEFAULT_CHUNK_TOKENS,
@@ -32,6 +33,8 @@ from grpocli.algorithms.losses import (
 )
 
 __all__ = [
+    "mismatch_sums",
+    "truncated_importance_weights",
     "ADVANTAGES",
     "DEFAULT_CHUNK_TOKENS",
     "KL_ESTIMATORS",

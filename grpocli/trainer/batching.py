@@ -34,6 +34,7 @@ class MicroBatch:
     sequence_tokens: int = 0              # prompt + completion tokens of the n sequences, unpacked
     old_logp: torch.Tensor | None = None  # [n, T]
     ref_logp: torch.Tensor | None = None  # [n, T]
+    is_weight: torch.Tensor | None = None  # [n, T] truncated importance weight (engine -> trainer)
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,7 @@ from grpocli.trainer.batching import make_micro_batches, select_sequences
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import gather_floats, length_metrics, write_rollouts
 from grpocli.trainer.packing import choose_layout
+from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.setup import Session, TrainingStopped
@@ -196,7 +197,7 @@ class Loop:
         s, r = self.s, self.s.recipe
         n_slices = r.train.steps_per_generation
         per = rollouts.num_prompts // n_slices
-        out, t_logp = [], 0.0
+        out, t_logp, sums = [], 0.0, []
         for k in range(n_slices):
             part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))
             batches = make_micro_batches(
@@ -205,13 +206,17 @@ class Loop:
                 layout=choose_layout(s.accelerator.unwrap_model(s.model)),
             )
             t0 = time.perf_counter()
-            if self.cycle > 1:  # the policy moves before these batches are used: keep the old log-probs
+            correct = r.vllm.importance_sampling_correction and part.engine_logprobs is not None
+            if self.cycle > 1 or correct:  # the policy moves before these are used, or the engine differs
                 fill_logprobs(s.accelerator.unwrap_model(s.model), batches, self.settings.temperature, "old_logp")
             if s.reference is not None:
                 fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
+            if correct:
+                sums.append(importance_weights(part, batches, r.vllm.importance_sampling_cap))
             t_logp += time.perf_counter() - t0
             out.append((part, batches))
         timings["time/logprobs"] = t_logp
+        s.mismatch = mismatch_metrics(s.accelerator, sums) if sums else {}
         return out
 
     # -- phase 8 -------------------------------------------------------------------------
@@ -229,7 +234,7 @@ class Loop:
         metrics: dict[str, Any] = {
             "step": s.step, "epoch": s.epoch, "loss": stats["loss"],
             "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            **self.reward_metrics(part), **length_metrics(part), **s.group_stats,
+            **self.reward_metrics(part), **length_metrics(part), **s.group_stats, **s.mismatch,
             "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
             "clip_ratio/region_mean": stats["clip_region"] / tokens,

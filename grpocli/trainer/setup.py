@@ -47,6 +47,7 @@ class Session:
     curriculum_state: dict = field(default_factory=dict)
     pending_rows: list | None = None
     group_stats: dict = field(default_factory=dict)
+    mismatch: dict = field(default_factory=dict)
     warnings: Watch = field(default_factory=Watch)
 
     @property

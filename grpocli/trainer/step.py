@@ -73,7 +73,10 @@ def micro_batch_loss(
     if s.beta > 0 and mb.ref_logp is not None:
         kl = KL_ESTIMATORS[s.kl_estimator](logp, mb.ref_logp.to(device))  # [n, T]
         per_token = per_token + s.beta * kl
-    # 4. the named aggregation (grpo, bnpo, dr_grpo, dapo): a share of the whole batch's loss
+    # 4. engine/trainer mismatch: truncated importance sampling (TRL's order: after the KL term)
+    if mb.is_weight is not None:
+        per_token = per_token * mb.is_weight.to(device)
+    # 5. the named aggregation (grpo, bnpo, dr_grpo, dapo): a share of the whole batch's loss
     loss = LOSSES[s.loss](per_token, mask, norm)
     with torch.no_grad():
         stats = {

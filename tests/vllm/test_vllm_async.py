@@ -17,7 +17,7 @@ def test_async_generation_runs_one_step_ahead(tmp_path, tiny_shape):
     out = tmp_path / "run"
     overrides = [f"model.tiny.{k}={v}" for k, v in tiny_shape.items()] + [
         "generation.backend='vllm'", "generation.async_steps=1", "generation.num_generations=4",
-        "generation.max_completion_length=12", "train.steps=4", "train.prompts_per_step=2",
+        "generation.max_completion_length=12", "train.steps=4", "train.prompts_per_step=2", "train.learning_rate=0.01",
         "log.progress='none'", "log.rollouts_every=0", f"train.output_dir='{out}'",
     ]
     train(load_recipe(None, overrides))
@@ -26,3 +26,7 @@ def test_async_generation_runs_one_step_ahead(tmp_path, tiny_shape):
     # the first batch waits for generation; every later one was generated a step earlier
     assert [m["generation/staleness"] for m in metrics] == [0, 1, 1, 1]
     assert all(isinstance(m["reward"], float) for m in metrics)
+    # the engine's log-probs enter the loss: on-policy they match the trainer's, a stale batch not
+    gaps = [m["sampling/sampling_logp_difference/mean"] for m in metrics]
+    assert gaps[0] < 1e-4 and max(gaps[1:]) > 1e-3, gaps
+    assert max(m["sampling/importance_sampling_ratio/max"] for m in metrics[1:]) > 1.0
