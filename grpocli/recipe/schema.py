@@ -217,6 +217,11 @@ class TrainSection(Section):
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
     max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping norm (0: off).")
     seed: int = Field(0, ge=0, description="Seed for data order, sampling and initialization.")
+    torch_threads: int | None = Field(
+        None, ge=1, le=1024,
+        description="CPU threads torch uses per process (default: torch's own choice). 1 is much faster "
+        "for tiny models on a busy machine.",
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Accelerate mixed precision.")
     num_processes: int = Field(
         1, ge=1, le=1024, description="Data-parallel processes `grpo train` launches (accelerate)."

@@ -239,6 +239,8 @@ class Loop:
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
             "clip_ratio/region_mean": stats["clip_region"] / tokens,
             "grad_norm": stats["grad_norm"], "learning_rate": lr, "num_tokens": s.num_tokens,
+            **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio", "time/forward_backward",
+                                     "time/optimizer") if k in stats},  # parts of time/training
             "skipped_update": stats["skipped"], **timings,
             "tokens_per_second": float(generated) / step_time if step_time else 0.0,
         }

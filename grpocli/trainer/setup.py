@@ -81,6 +81,8 @@ class Session:
         accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=r.train.mixed_precision,
                                   log_with=r.log.report_to or None, project_dir=str(run.root))
         set_seed(r.train.seed)
+        if r.train.torch_threads:
+            torch.set_num_threads(r.train.torch_threads)
         dataset = load_dataset_for(r.data, plugins.datasets, r.data.split, r.train.seed)
         tokenizer, model, reference = _models(r)
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
@@ -235,10 +237,16 @@ def _optimizer(r: Any, model: Any) -> tuple[Any, Any]:
     t = r.train
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                  weight_decay=t.weight_decay)
+                                  weight_decay=t.weight_decay, fused=_fused_ok(params))
     scheduler = get_scheduler(t.lr_scheduler, optimizer, num_warmup_steps=t.warmup_steps,
                               num_training_steps=t.steps)
     return optimizer, scheduler
+
+
+def _fused_ok(params: list) -> bool:
+    """Fused AdamW (one kernel for all parameters, as TRL uses) where torch has it for the dtype."""
+    return all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params) and all(
+        p.device.type in ("cpu", "cuda") for p in params)
 
 
 def _backend(r: Any, model: Any, tokenizer: Any) -> Any:
