@@ -41,6 +41,17 @@ class Generated:
     logprobs: list[list[float]] | None = field(default=None)  # [B*G][Tc] engine's, if any
 
 
+class PromptEncoder:
+    """Shared by the backends: rendered prompt strings to token ids, left-truncated (as TRL)."""
+
+    tokenizer: Any
+    max_prompt_length: int
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return [row[-self.max_prompt_length :] for row in ids]
+
+
 class GenerationBackend(Protocol):
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         """Sample n completions for each prompt string (already chat-templated)."""

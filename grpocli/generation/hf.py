@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.base import Generated, PromptEncoder, Sampling
 
 
-class HFBackend:
+class HFBackend(PromptEncoder):
     """Samples from the live policy: `sync_weights` is free because it is the same model.
 
     transformers' `generate(num_return_sequences=G)` repeats each prompt G times *before* the
@@ -33,10 +33,6 @@ class HFBackend:
 
     def close(self) -> None:
         pass
-
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        return [row[-self.max_prompt_length :] for row in ids]  # left-truncate
 
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:

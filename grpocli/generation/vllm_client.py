@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from grpocli.errors import UserError
-from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, dtype_from_name, flatten_bucket, pack_bucket,
     policy_weights,
@@ -192,7 +192,7 @@ class ServerClient:
             announced.result()
 
 
-class VllmServerBackend:
+class VllmServerBackend(PromptEncoder):
     """GenerationBackend on a `grpo vllm-serve`; the policy's weights are sent when it opens."""
 
     def __init__(self, model: Any, tokenizer: Any, *, vllm_section: Any, max_prompt_length: int,
@@ -213,10 +213,6 @@ class VllmServerBackend:
         self.checked = False
         self.last_sync: dict[str, Any] = {}
         self.sync_weights(model)  # the server may hold other weights than the policy (resume, base model)
-
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        return [row[-self.max_prompt_length :] for row in ids]  # left-truncate, as HFBackend
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         return self.client.generate(self.encode_prompts(prompts), n, sampling)

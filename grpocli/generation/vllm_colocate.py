@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpocli.errors import UserError
-from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import TensorSpec, checkpoint_spec, policy_weights, spec_problems
 
 #: Environment vLLM reads at import; the user's own settings win (setdefault).
@@ -180,7 +180,7 @@ def sampled_logprobs(completion: Any) -> list[float]:
     return out
 
 
-class VllmColocateBackend:
+class VllmColocateBackend(PromptEncoder):
     """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
@@ -203,10 +203,6 @@ class VllmColocateBackend:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
         self.checked = False
         self.last_sync_seconds = 0.0
-
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
-        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        return [row[-self.max_prompt_length :] for row in ids]  # left-truncate, as HFBackend
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         return self.engine.generate(self.encode_prompts(prompts), n, sampling)
