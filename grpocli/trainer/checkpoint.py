@@ -128,7 +128,7 @@ def _save_model(model: Any, path: Path) -> None:
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(path, safe_serialization=True)
+        model.save_pretrained(path)  # safetensors is the default
     finally:
         if shown:
             hf_logging.enable_progress_bar()

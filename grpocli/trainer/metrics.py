@@ -85,7 +85,7 @@ class Progress:
     SHOWN = (("reward", "reward"), ("kl", "kl"), ("completions/mean_length", "len"),
              ("frac_reward_zero_std", "zero_std"), ("tokens_per_second", "tok/s"))
 
-    def __init__(self, mode: str, total: int, start: int, enabled: bool) -> None:
+    def __init__(self, mode: str, total: int, enabled: bool) -> None:
         self.mode = "rich" if mode == "auto" and sys.stderr.isatty() else ("plain" if mode == "auto" else mode)
         self.enabled = enabled and self.mode != "none"
         self._bar = None
@@ -94,8 +94,12 @@ class Progress:
 
             self._bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                             TextColumn("{task.fields[info]}"), transient=False)
-            self._task = self._bar.add_task("train", total=total, completed=start, info="")
+            self._task = self._bar.add_task("train", total=total, info="")
             self._bar.start()
+
+    def resume_at(self, step: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
 
     def update(self, metrics: dict[str, Any], total: int) -> None:
         if not self.enabled:

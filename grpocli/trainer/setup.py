@@ -95,7 +95,7 @@ class Session:
                 reward_fns=reward_fns, prompts=prompts,
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=curriculum, metrics=None,
-                progress=Progress(r.log.progress, r.train.steps, 0, accelerator.is_main_process))
+                progress=Progress(r.log.progress, r.train.steps, accelerator.is_main_process))
         s._start(resume_from)
         return s
 
@@ -123,8 +123,7 @@ class Session:
 
             config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(r).items()}
             acc.init_trackers(self.resolved.name, config=config)  # flat scalars suit every tracker
-        if self.progress._bar is not None:
-            self.progress._bar.update(self.progress._task, completed=self.step)
+        self.progress.resume_at(self.step)
 
     # -- prompts -------------------------------------------------------------------------
     def next_rows(self, n_global: int) -> list[dict[str, Any]]:
@@ -211,7 +210,7 @@ def _resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Any] | Non
     if run.has_run() and resume == "never":
         raise UserError(
             f"the run directory {run.root} already holds a run", where="train.output_dir",
-            valid="an empty or new directory", hint=f"pick another: train.output_dir=runs/new, or resume: train.resume=auto",
+            valid="an empty or new directory", hint="pick another: train.output_dir=runs/new, or resume: train.resume=auto",
         )
     if latest is not None and latest[0] >= steps:
         raise UserError(

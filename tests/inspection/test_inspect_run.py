@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from grpocli.errors import UserError
-from grpocli.inspection import plot, run_view
+from grpocli.inspection import plot
 from grpocli.inspection.run_view import read_metrics, show_run, sparkline
 
 CONFIG = """\
