@@ -1,4 +1,4 @@
-"""`grpo inspect WHAT`: recipes, a recipe, plugins, data, or a run directory."""
+"""`grpo inspect WHAT`: recipes, a recipe, recipe fields, plugins, data, or a run directory."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect fields algorithm           every recipe key: type, default, bounds, meaning
 
-  grpo inspect plugins                    plugins and the rewards/datasets they register
+  grpo inspect plugins                    plugins and the rewards/datasets/curricula they register
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
 
@@ -20,8 +20,6 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect runs/quickstart --rollouts 20   best and worst rollouts of step 20
 """
-
-TOPICS = ("recipes", "recipe", "fields", "plugins", "data")
 
 
 def add_to(app: typer.Typer) -> None:
@@ -57,6 +55,6 @@ def inspect(
         else:
             views.show_data(args[0], args[1:], n=n)
     else:
-        from grpocli.inspection.run_view import show_run
+        from grpocli.inspection.overview import show_run
 
         show_run(what, rollouts_step=rollouts, n=n, write_png=plot)

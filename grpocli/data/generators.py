@@ -10,8 +10,9 @@ always solvable) every instance here is built from a random expression over its 
 solution exists and is kept in the ``solution`` column.
 
 Held-out splits: every problem belongs to one side by a hash of its content (one in
-``HELD_OUT_EVERY`` goes to test/validation), so a ``test`` split never repeats a ``train``
-problem whatever the seeds; the split name also enters the seed, so streams differ.
+``HELD_OUT_EVERY`` goes to the ``HELD_OUT_SPLITS``: test, validation, valid, eval, dev), so a
+``test`` split never repeats a ``train`` problem whatever the seeds; the split name also enters
+the seed, so streams differ.
 """
 
 from __future__ import annotations

@@ -81,14 +81,6 @@ def render_row(row: dict[str, Any], data: DataSection, tokenizer: Any) -> dict[s
     return {**row, "prompt": prompt, "prompt_text": text}
 
 
-def encode_prompt(
-    prompt_text: str, tokenizer: Any, max_prompt_length: int
-) -> tuple[list[int], bool]:
-    """Token ids of a rendered prompt, left-truncated to ``max_prompt_length``: (ids, truncated)."""
-    ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    return ids[-max_prompt_length:], len(ids) > max_prompt_length
-
-
 class RenderedPrompts(Sequence):
     """A dataset whose rows come out rendered (lazily, one at a time): ``prompts[i] -> dict``.
 

@@ -1,4 +1,5 @@
-"""The GenerationBackend protocol every backend (transformers, vLLM, vLLM server) follows."""
+"""The GenerationBackend protocol every backend (transformers, vLLM, vLLM server) follows, and
+what they share: ``Sampling`` (the parameters), ``Generated`` (the result) and ``PromptEncoder``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
 """generation.backend = "vllm-server": generate on a `grpo vllm-serve` process, send it new weights.
 
-The client follows TRL's ``VLLMClient`` (wait for /health, generate from token ids, push weights
-after each optimizer step, reset the prefix cache) with grpo's server protocol
-(grpocli/server/protocol.py): weights go in buckets (one HTTP call or one broadcast per bucket,
-not per tensor), the first update sends the full spec for the server to check, and every call has
-a timeout (``vllm.server_timeout``) that ends in a UserError naming the URL and what to do,
-never a hang. Transports: "http" (safetensors bodies; CPU or GPU), "gloo" (a process group, CPU),
-"nccl" (GPUs); the default is nccl when both sides have a GPU, else http; the environment
-variable GRPO_VLLM_WEIGHT_TRANSPORT overrides it. The API key, if the server has one, is read from
-GRPO_VLLM_API_KEY (an environment variable, so it is never written to config.resolved.toml).
+The client works as TRL's ``VLLMClient`` does (wait for /health, generate from token ids, push
+the policy's weights; the server resets its prefix cache after each update) with grpo's server
+protocol (grpocli/server/protocol.py). The weights are sent when the backend opens and at each
+``sync_weights`` (the trainer calls it after each generation cycle's optimizer steps), in buckets
+(one HTTP call or one broadcast per bucket, not per tensor); the first update sends the full spec
+for the server to check, and every call has a timeout (``vllm.server_timeout``) that ends in a
+UserError naming the URL and what to do, never a hang. Transports: "http" (safetensors bodies;
+CPU or GPU), "gloo" (a process group, CPU), "nccl" (GPUs); the default is nccl when both sides
+have a GPU, else http; the environment variable GRPO_VLLM_WEIGHT_TRANSPORT overrides it. The API
+key, if the server has one, is read from GRPO_VLLM_API_KEY (an environment variable, so it is
+never written to config.resolved.toml).
 
 Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
 """
@@ -123,12 +125,6 @@ class ServerClient:
         out = self.call("POST", "/generate", body)
         return Generated(prompt_ids=out["prompt_ids"], completion_ids=out["completion_ids"],
                          truncated=out["truncated"], logprobs=out["logprobs"])
-
-    def reset_prefix_cache(self) -> None:
-        self.call("POST", "/reset_prefix_cache", {})
-
-    def close_server(self) -> None:
-        self.call("POST", "/close", {})
 
     # -- weights -------------------------------------------------------------------------
     def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",

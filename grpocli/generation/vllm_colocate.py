@@ -1,9 +1,10 @@
 """A vLLM engine in this process (generation.backend = "vllm"), and the engine wrapper the server shares.
 
 Colocated generation as in TRL's ``vllm_mode="colocate"``: the engine runs in the training
-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), starts from a copy of the policy saved to shared
-memory, and after every generation cycle's optimizer steps receives the new weights in place
-through vLLM's ``reload_weights`` (no restart), followed by a prefix-cache reset so no cached
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), starts from a copy of the policy saved to a
+temporary directory (in /dev/shm, shared memory, where there is one), and at each ``sync_weights``
+(the trainer calls it after each generation cycle's optimizer steps) receives the new weights in
+place through vLLM's ``reload_weights`` (no restart), followed by a prefix-cache reset so no cached
 prefix keeps the old weights' activations.
 
 Log-probs are vLLM's "processed" ones (after temperature, as TRL's importance-sampling correction

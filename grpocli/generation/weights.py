@@ -46,10 +46,6 @@ class TensorSpec:
     def of(cls, name: str, tensor: torch.Tensor) -> TensorSpec:
         return cls(name, tuple(tensor.shape), dtype_name(tensor.dtype))
 
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> TensorSpec:
-        return cls(str(obj["name"]), tuple(int(x) for x in obj["shape"]), str(obj["dtype"]))
-
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
@@ -277,7 +273,8 @@ def open_group(backend: str, store: Any, rank: int, world_size: int, timeout: fl
 
 
 def broadcast(group: Any, tensor: torch.Tensor, timeout: float, root: int = 0) -> None:
-    """Broadcast from ``root`` and wait at most ``timeout`` seconds (then RuntimeError)."""
+    """Broadcast from ``root`` and wait at most ``timeout`` seconds (then TimeoutError, or the
+    backend's own error)."""
     work = group.broadcast(tensor, root, timedelta(seconds=timeout))
     if not work.wait(timedelta(seconds=timeout)):
         raise TimeoutError(f"the weight broadcast did not finish within {timeout:g} s")

@@ -1,4 +1,4 @@
-"""Tables for `grpo inspect recipes | recipe | plugins | data`."""
+"""Tables for `grpo inspect recipes | recipe | fields | plugins | data`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`grpo vllm-serve`: a FastAPI + uvicorn generation server around one vLLM engine, with weight updates.
 
-protocol.py  the request bodies (ours, version PROTOCOL_VERSION, and TRL's VLLMClient's)
+protocol.py  grpo's own protocol (version PROTOCOL_VERSION): its paths and the pydantic request bodies
 host.py      the engine's single thread, weight updates in flight, their timeouts
-app.py       the routes, the API key, errors as 4xx with a reason; run_server()
-trl.py       the paths and fields TRL's VLLMClient uses, on the same engine
+app.py       the routes of that protocol, the API key, errors as 4xx with a reason; run_server()
+trl.py       the paths and request bodies TRL's VLLMClient uses, answered by the same engine
 """

@@ -1,19 +1,21 @@
-"""Request bodies of `grpo vllm-serve`, validated by pydantic (a malformed body is a 422 with the field).
+"""grpo's own protocol of `grpo vllm-serve`: the paths, and the request bodies as pydantic models (a
+malformed body is a 422 naming the field). TRL's paths and bodies are in trl.py.
 
 Protocol version 1. Paths (state-changing ones need the API key when the server has one):
 
     GET  /health                    {"status": "ok"}
     GET  /info                      protocol, model, max_model_len, world_size, dtype, weights_version,
                                     transports
-    POST /generate                  GenerateRequest -> prompt_ids, completion_ids, logprobs, truncated
-    POST /weights/begin        key  BeginUpdate -> update_id (spec checked here: names, shapes, dtypes)
+    POST /generate                  GenerateRequest -> prompt_ids, completion_ids, logprobs, truncated,
+                                    weights_version
+    POST /weights/begin        key  BeginUpdate -> update_id, checked (the spec if given: names, shapes, dtypes)
     POST /weights/bucket       key  ?update_id=...; body: one bucket as a safetensors file
     POST /weights/broadcast    key  BroadcastBucket; the bucket itself arrives over the process group
     POST /weights/end          key  EndUpdate -> weights_version, tensors, seconds
     POST /weights/abort        key  EndUpdate
-    POST /weights/group        key  OpenGroup -> port of the store to join as rank 0
-    POST /reset_prefix_cache   key
-    POST /close                key  stops the server
+    POST /weights/group        key  OpenGroup -> port (of the store to join as rank 0), backend, rank, world_size
+    POST /reset_prefix_cache   key  -> reset
+    POST /close                key  -> closing; the server stops
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from grpocli.errors import UserError
-from grpocli.inspection.warnings import Watch
+from grpocli.inspection.alerts import Watch
 from grpocli.recipe import Resolved, to_toml
 from grpocli.rundir import RunDir
 from grpocli.data.stream import PromptStream

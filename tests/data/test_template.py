@@ -10,7 +10,6 @@ from grpocli.data.template import (
     RenderedPrompts,
     build_messages,
     complete_rows,
-    encode_prompt,
     preview,
     render_prompt,
     render_row,
@@ -129,11 +128,13 @@ def test_complete_rows_renders_only_what_lacks_prompt_text(tokenizer):
     assert out == [done, {"prompt": "y", "prompt_text": "y"}]
 
 
-def test_encode_prompt_truncates_on_the_left(tokenizer):
-    ids, truncated = encode_prompt("abcdef", tokenizer, max_prompt_length=4)
-    assert tokenizer.decode(ids) == "cdef" and truncated
-    ids, truncated = encode_prompt("ab", tokenizer, max_prompt_length=4)
-    assert tokenizer.decode(ids) == "ab" and not truncated
+def test_rendered_prompts_are_encoded_truncated_on_the_left(tokenizer):
+    from grpocli.generation.base import PromptEncoder  # what every generation backend encodes with
+
+    encoder = PromptEncoder()
+    encoder.tokenizer, encoder.max_prompt_length = tokenizer, 4
+    long, short = encoder.encode_prompts(["abcdef", "ab"])
+    assert tokenizer.decode(long) == "cdef" and tokenizer.decode(short) == "ab"
 
 
 def test_preview_gives_first_rows_with_token_counts(tokenizer):

@@ -73,7 +73,7 @@ def test_variant_trains(tmp_path, overrides):
 
 
 def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
-    from grpocli.inspection.warnings import NO_SIGNAL_STEPS
+    from grpocli.inspection.alerts import NO_SIGNAL_STEPS
 
     # format.strict never fires for an untrained tiny model: every group is flat, no signal
     metrics = run(tmp_path, 'rewards=[{name="format.strict"}]', f"train.steps={NO_SIGNAL_STEPS + 1}",

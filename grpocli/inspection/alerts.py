@@ -1,4 +1,5 @@
-"""Warnings a person wants, read from metrics.jsonl: pure functions, no torch, cheap per step.
+"""Alerts about a training run, read from its metrics (one dict per step, as in metrics.jsonl):
+pure functions, no torch, cheap per step. `grpo inspect` and the trainer show them as warnings.
 
 Each rule is a named function in ``RULES`` that looks at a bounded window of the history
 ending at ``end`` (the first and last few steps), so ``check`` costs O(window) whatever the
@@ -13,7 +14,8 @@ overlong completions):
     length_explosion   the mean completion length grows several-fold
     kl_explosion       the KL to the reference grows large
 
-``check(history)`` says what holds now; ``scan(history)`` says when each first held (inspect).
+``check(history)`` says what holds now; ``scan(history)`` says when each first and last held
+(`grpo inspect`); ``Watch`` keeps the history during training and reports each alert as it starts.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ History = Sequence[dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class Warning:  # noqa: A001 (the name a reader of `grpo inspect` expects)
+class Alert:
+    """One condition a rule found: its code (a key of RULES), what it means and what to do."""
+
     code: str
     message: str
     step: int                      # the step the condition was seen at
@@ -44,16 +48,16 @@ class Warning:  # noqa: A001 (the name a reader of `grpo inspect` expects)
         return f"step {self.step}: {self.message} [{self.code}]"
 
 
-def check(metrics_history: History) -> list[Warning]:
-    """The warnings that hold at the end of ``metrics_history`` (one dict per step, oldest first)."""
+def check(metrics_history: History) -> list[Alert]:
+    """The alerts that hold at the end of ``metrics_history`` (one dict per step, oldest first)."""
     end = len(metrics_history)
     return [w for rule in RULES.values() if (w := rule(metrics_history, end)) is not None]
 
 
-def scan(metrics_history: History) -> list[Warning]:
-    """Each warning that held at some point, with the first step it held and the last one
+def scan(metrics_history: History) -> list[Alert]:
+    """Each alert that held at some point, with the first step it held and the last one
     (``last_step`` None when it still holds at the end). O(steps x window)."""
-    first: dict[str, Warning] = {}
+    first: dict[str, Alert] = {}
     last: dict[str, int] = {}
     for end in range(1, len(metrics_history) + 1):
         for code, rule in RULES.items():
@@ -64,21 +68,22 @@ def scan(metrics_history: History) -> list[Warning]:
     out = []
     for code, w in first.items():
         still = last[code] == len(metrics_history)
-        out.append(Warning(w.code, w.message, w.step, None if still else _step(metrics_history, last[code])))
+        out.append(Alert(w.code, w.message, w.step, None if still else _step(metrics_history, last[code])))
     return sorted(out, key=lambda w: w.step)
 
 
 class Watch:
-    """Live warnings for the training loop: ``for w in watch.update(metrics): show(w)``.
+    """Live alerts for the training loop: ``for w in watch.update(metrics): show(w)``.
 
-    Keeps the history and shows each code once when it starts to hold (again after it stopped).
+    Keeps the history; ``update`` returns each alert once when it starts to hold (again after it
+    stopped).
     """
 
     def __init__(self) -> None:
         self.history: list[dict[str, Any]] = []
         self.active: set[str] = set()
 
-    def update(self, metrics: dict[str, Any]) -> list[Warning]:
+    def update(self, metrics: dict[str, Any]) -> list[Alert]:
         self.history.append(metrics)
         now = check(self.history)
         new = [w for w in now if w.code not in self.active]
@@ -86,29 +91,29 @@ class Watch:
         return new
 
 
-# -- rules: (history, end) -> Warning | None, reading history[:end] ---------------------------
-def no_signal(h: History, end: int) -> Warning | None:
+# -- rules: (history, end) -> Alert | None, reading history[:end] ---------------------------
+def no_signal(h: History, end: int) -> Alert | None:
     values = _window(h, end, "frac_reward_zero_std", NO_SIGNAL_STEPS)
     if len(values) < NO_SIGNAL_STEPS or min(values) < NO_SIGNAL_FRAC:
         return None
-    return Warning("no_signal", (
+    return Alert("no_signal", (
         f"no learning signal: for {NO_SIGNAL_STEPS} steps {_pct(_mean(values))} of groups gave every "
         "completion the same reward (frac_reward_zero_std), so their advantages are 0. Make the task "
         "fit the model (easier prompts or a partial-credit reward), raise generation.num_generations "
         "or generation.temperature, and look at the rewards in rollouts/"), _step(h, end))
 
 
-def truncated(h: History, end: int) -> Warning | None:
+def truncated(h: History, end: int) -> Alert | None:
     values = _window(h, end, "completions/clipped_ratio", TRUNCATED_STEPS)
     if len(values) < TRUNCATED_STEPS or _mean(values) < TRUNCATED_FRAC:
         return None
-    return Warning("truncated", (
+    return Alert("truncated", (
         f"most completions are truncated: {_pct(_mean(values))} hit generation.max_completion_length "
         f"over the last {TRUNCATED_STEPS} steps. Raise max_completion_length, or set "
         "algorithm.mask_truncated_completions / algorithm.overlong_penalty"), _step(h, end))
 
 
-def format_only(h: History, end: int) -> Warning | None:
+def format_only(h: History, end: int) -> Alert | None:
     if end < 2 * FORMAT_WINDOW:
         return None
     names = [k for k in h[end - 1] if k.startswith("rewards/") and k.endswith("/mean")]
@@ -122,13 +127,13 @@ def format_only(h: History, end: int) -> Warning | None:
         return None
     fmt = ", ".join(f"{_name(k)} {rise[k]:+.2f}" for k in risen)
     task = ", ".join(f"{_name(k)} {rise[k]:+.2f}" for k in tasks)
-    return Warning("format_only", (
+    return Alert("format_only", (
         f"the reward rises only in the format component ({fmt}; {task}): the model learns the format, "
         "not the task. Check the task reward on rollouts/, lower the format rewards' weight, or use "
         "algorithm.reward_combination = 'gated'"), _step(h, end))
 
 
-def length_explosion(h: History, end: int) -> Warning | None:
+def length_explosion(h: History, end: int) -> Alert | None:
     key = "completions/mean_length"
     early = _window(h, min(end, LENGTH_WINDOW), key, LENGTH_WINDOW)
     recent = _window(h, end, key, LENGTH_WINDOW)
@@ -137,13 +142,13 @@ def length_explosion(h: History, end: int) -> Warning | None:
     before, now = _mean(early), _mean(recent)
     if now < LENGTH_GROWTH * max(before, 1.0) or now - before < LENGTH_MIN_TOKENS:
         return None
-    return Warning("length_explosion", (
+    return Alert("length_explosion", (
         f"completion length is exploding: {before:.0f} -> {now:.0f} tokens ({now / max(before, 1.0):.1f}x) "
         "since the start. Look for repetition in rollouts/; consider algorithm.overlong_penalty, a length "
         "reward, or a lower train.learning_rate"), _step(h, end))
 
 
-def kl_explosion(h: History, end: int) -> Warning | None:
+def kl_explosion(h: History, end: int) -> Alert | None:
     recent = _window(h, end, "kl", KL_WINDOW)
     if len(recent) < KL_WINDOW:
         return None
@@ -154,12 +159,12 @@ def kl_explosion(h: History, end: int) -> Warning | None:
     if now < KL_LIMIT and not grown:
         return None
     since = f" (from {baseline:.3g} at the start)" if baseline is not None else ""
-    return Warning("kl_explosion", (
+    return Alert("kl_explosion", (
         f"KL to the reference is exploding: {now:.3g} over the last {KL_WINDOW} steps{since}. Lower "
         "train.learning_rate, raise algorithm.beta, or check for a reward that can be gamed"), _step(h, end))
 
 
-RULES: dict[str, Callable[[History, int], Warning | None]] = {
+RULES: dict[str, Callable[[History, int], Alert | None]] = {
     "no_signal": no_signal,
     "truncated": truncated,
     "format_only": format_only,

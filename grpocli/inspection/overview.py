@@ -1,8 +1,14 @@
-"""`grpo inspect RUN_DIR`: a training run's curves, warnings and rollouts. Never imports torch.
+"""`grpo inspect RUN_DIR`: an overview of one run directory. Never imports torch.
+
+What it shows: a summary (model, dataset, rewards, steps, checkpoints, rollouts), notes, the
+saved evaluations, a table of the key metrics with sparklines, the alerts (grpocli.inspection.alerts)
+and a metrics.png (grpocli.inspection.plot); with ``--rollouts STEP``, that step's best and worst
+rollouts instead.
 
 Reads the run directory (grpocli.rundir) as far as it goes: a torn last line of metrics.jsonl
-(a crash, or a run still writing) is left out with a note, as is a run that stopped or is still
-going. Lines that share a step (an eval line after a training line) are merged into one.
+(a crash, or a run still writing) is left out with a note, and a run that stopped or may still
+be going gets a note saying so. Lines that share a step (an eval line after a training line) are
+merged into one.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from rich.text import Text
 
 from grpocli.errors import UserError
 from grpocli.inspection import plot
-from grpocli.inspection.warnings import scan
+from grpocli.inspection.alerts import scan
 from grpocli.rundir import RunDir, read_jsonl
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -35,7 +41,7 @@ KEY_METRICS = (
     "kl", "entropy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
     "loss", "grad_norm", "learning_rate", "tokens_per_second", "time/generation", "time/training",
 )
-TOPICS = ("recipes", "recipe", "plugins", "data")
+TOPICS = ("recipes", "recipe", "fields", "plugins", "data")  # the other things `grpo inspect` takes
 
 
 @dataclass
@@ -90,7 +96,8 @@ def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH) -> str:
 
 def show_run(path: str, rollouts_step: int | None = None, *, n: int = 3, write_png: bool = True,
              console: Console | None = None) -> None:
-    """Print the run's summary, metrics table and warnings (or, with ``rollouts_step``, its rollouts)."""
+    """Print the run's summary, notes, evaluations, metrics table and alerts, and write metrics.png
+    (unless ``write_png`` is false); with ``rollouts_step``, print that step's rollouts instead."""
     console = console or Console(highlight=False, soft_wrap=True)
     run = _open_run(path)
     if rollouts_step is not None:

@@ -1,8 +1,8 @@
-"""Each warning rule fires on the failure it names and stays quiet on a healthy run."""
+"""Each alert rule fires on the failure it names and stays quiet on a healthy run."""
 
 from __future__ import annotations
 
-from grpocli.inspection.warnings import RULES, Watch, check, scan
+from grpocli.inspection.alerts import RULES, Watch, check, scan
 
 
 def healthy(steps: int = 30) -> list[dict]:
@@ -24,11 +24,11 @@ def with_values(history: list[dict], start: int, **values) -> list[dict]:
     return out
 
 
-def codes(warnings) -> set[str]:
-    return {w.code for w in warnings}
+def codes(alerts) -> set[str]:
+    return {w.code for w in alerts}
 
 
-def test_healthy_run_has_no_warnings():
+def test_healthy_run_has_no_alerts():
     assert check(healthy()) == [] and scan(healthy()) == []
 
 
@@ -79,7 +79,7 @@ def test_scan_reports_first_and_last_step():
     assert (w.code, w.step, w.last_step) == ("no_signal", 20, 30)
 
 
-def test_watch_shows_each_warning_once_while_it_holds():
+def test_watch_shows_each_alert_once_while_it_holds():
     watch = Watch()
     shown = []
     for m in with_values(healthy(40), 11, frac_reward_zero_std=1.0):

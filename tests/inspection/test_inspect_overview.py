@@ -16,7 +16,7 @@ from rich.console import Console
 
 from grpocli.errors import UserError
 from grpocli.inspection import plot
-from grpocli.inspection.run_view import read_metrics, show_run, sparkline
+from grpocli.inspection.overview import read_metrics, show_run, sparkline
 
 CONFIG = """\
 [model]
