@@ -34,7 +34,7 @@ def evaluate(
     output_dir: str = typer.Option(
         None, "--output-dir", help="Where samples and summaries go (default: the checkpoint's run dir /eval)."),
 ) -> None:
-    from grpocli.evaluation.run import run_eval
+    from grpocli.evaluation.comparison import run_eval
 
     run_eval(recipe, overrides or [], checkpoints=checkpoint or [], split=split, n=n, k=k, base=base,
              num_prompts=num_prompts, threshold=threshold, output_dir=output_dir)

@@ -6,6 +6,6 @@
     targets.py     which models to compare (base, checkpoints, run directories)
     records.py     eval/<label>-<split>/samples.jsonl + summary.json
     report.py      the comparison table
-    run.py         `grpo eval RECIPE` end to end
-    training.py    evaluate_during_training(session, step, since=...) for the training loop
+    comparison.py  `grpo eval RECIPE` end to end: base and checkpoints, one table
+    periodic.py    PeriodicEval: evaluation every eval.every steps inside the training loop
 """

@@ -35,6 +35,10 @@ class EvalSection(Section):
         None, description="Where `grpo eval` writes samples and summaries (default: the run's eval/)."
     )
 
+    def split_for(self, data_eval_split: str | None, override: str | None = None) -> str:
+        """The split to evaluate on: ``override`` (--split), else eval.split, else data.eval_split, else 'test'."""
+        return override or self.split or data_eval_split or "test"
+
     @field_validator("k")
     @classmethod
     def _positive_k(cls, k: list[int]) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpocli.errors import UserError
 from grpocli.rundir import RunDir
 
 #: The moving reference model (algorithm.ref_sync_steps > 0), inside step-N/trainer/.
@@ -60,6 +61,31 @@ def save_checkpoint(
         _prune(run, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
+    """The checkpoint `train.resume` names (step, path), None to start afresh; UserError for a
+    directory that already holds a run it may not continue, or a complete one."""
+    if resume not in ("auto", "never"):
+        path = Path(resume)
+        if not (path / "trainer" / "state.json").exists():
+            raise UserError(f"no checkpoint at {resume}", where="train.resume",
+                            valid=", ".join(str(p) for _, p in run.list_checkpoints()) or "'auto' or 'never'",
+                            hint=f"ls {run.checkpoints}")
+        return int(path.name.rsplit("-", 1)[-1]), path
+    latest = run.latest_checkpoint()
+    if run.has_run() and resume == "never":
+        raise UserError(
+            f"the run directory {run.root} already holds a run", where="train.output_dir",
+            valid="an empty or new directory", hint="pick another: train.output_dir=runs/new, or resume: train.resume=auto",
+        )
+    if latest is not None and latest[0] >= steps:
+        raise UserError(
+            f"the run in {run.root} is already complete (checkpoint step-{latest[0]}, train.steps = {steps})",
+            where="train.output_dir", valid=f"train.steps > {latest[0]} to train on, or a new output_dir",
+            hint=f"grpo inspect {run.root}   or   grpo train ... train.output_dir=runs/new",
+        )
+    return latest
 
 
 def load_checkpoint(

@@ -37,10 +37,10 @@ def _inside_launch() -> bool:
 def _check_run_dir(resolved: Resolved) -> None:
     """The run-directory errors every process would raise (already complete, no such checkpoint)."""
     from grpocli.rundir import RunDir
-    from grpocli.trainer.setup import _resume_point
+    from grpocli.trainer.checkpoint import resume_point
 
     t = resolved.recipe.train
-    _resume_point(RunDir(resolved.output_dir()), t.resume, t.steps)
+    resume_point(RunDir(resolved.output_dir()), t.resume, t.steps)
 
 
 def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str]:

@@ -1,55 +1,77 @@
-"""The GRPO training loop. One generation batch per cycle, read top to bottom:
+"""The GRPO training loop, one generation cycle at a time, read top to bottom:
 
     1. prompts        the stream (or the curriculum) gives B prompts, split over processes
     2. generate       G completions per prompt from the backend
-    3. rewards        every reward function, weighted; per-reward metrics
-    4. advantages     group-relative, over all processes; zero-spread groups dropped
-    5. micro-batches  only sequences that carry signal; old / reference log-probs if needed
-    6. update         num_iterations x steps_per_generation optimizer steps
-    7. sync           new weights to the generation backend
-    8. record         metrics.jsonl, rollouts, checkpoint
+    3. rewards        every reward function, weighted
+    4. advantages     group-relative, over all processes; groups without reward spread marked
+    5. slices         steps_per_generation optimizer batches of micro-batches, with the old /
+                      reference log-probs (and engine importance weights) they need
+    6. update         num_iterations passes over the slices: one optimizer step per slice
+    7. sync           new weights to the generation backend after the cycle's last update
+    8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
+
+Each phase returns what it computes (`Batch`, `Slice`, the step's statistics, seconds); the
+run's counters are `Session.state` (grpocli.trainer.state.RunState).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from grpocli.algorithms import ADVANTAGES, overlong_penalty, zero_spread_groups
-from grpocli.evaluation.training import evaluate_during_training, prepare_evaluation
+from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Sampling
 from grpocli.recipe import Resolved
 from grpocli.rewards import score
-from grpocli.trainer.batching import make_micro_batches, select_sequences
+from grpocli.trainer.batching import MicroBatch, make_micro_batches, select_sequences
+from grpocli.trainer.cadence import is_due
 from grpocli.trainer.checkpoint import save_checkpoint
-from grpocli.trainer.metrics import gather_floats, length_metrics, write_rollouts
-from grpocli.trainer.packing import choose_layout
+from grpocli.trainer.collectives import fewest, gather_floats, total
+from grpocli.trainer.metrics import group_metrics, length_metrics, reward_summary, write_rollouts
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
+from grpocli.trainer.packing import choose_layout
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
-from grpocli.trainer.setup import Session, TrainingStopped
+from grpocli.trainer.session import Session, TrainingStopped
 from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
-
-
-# A step whose groups were all flat skips optimizer.step() but still advances the schedule.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-
 
 def train(resolved: Resolved) -> None:
     """Run `grpo train` in this process (one of several under `accelerate launch`)."""
     s = Session.open(resolved)
     loop = None
     try:
-        prepare_evaluation(s)  # a wrong eval split fails now, not at the first evaluation
-        loop = Loop(s)
+        loop = Loop(s)  # a wrong eval split fails here, before the first step
         loop.run()
     finally:
-        if loop is not None and loop.prefetch:
-            loop.prefetch.close()
+        if loop is not None:
+            loop.close()
         s.close()
+
+
+@dataclass
+class Batch:
+    """One generation batch (phases 1-4) and what it took."""
+
+    rollouts: Rollouts            # [B*G] scored, advantages set, this process's groups
+    seconds: dict[str, float]     # time/generation (the wait, when generated ahead), time/rewards
+    info: dict[str, float]        # generation/staleness, fill_rounds (where they apply)
+    num_tokens: int               # prompt + completion tokens generated, all processes
+    completion_tokens: float      # completion tokens generated, all processes
+
+
+@dataclass
+class Slice:
+    """One optimizer batch of the generation batch (phase 5)."""
+
+    part: Rollouts                    # [B/S*G] its groups
+    micro_batches: list[MicroBatch]   # the sequences that enter the loss
+    mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
+    seconds: float                    # its old-policy / reference log-prob passes
 
 
 class Loop:
@@ -63,77 +85,70 @@ class Loop:
             kl_estimator=r.algorithm.kl_estimator, temperature=r.generation.temperature,
             max_completion_length=r.generation.max_completion_length,
         )
-        self.cycle = r.train.steps_per_generation * r.algorithm.num_iterations
-        self.last_sync = 0.0
+        self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
+                                            accelerator=s.accelerator, run_root=s.run.root)
         self.prefetch = None
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
-                                       n=r.generation.num_generations, render=s.render)
+                                       n=r.generation.num_generations)
 
     def run(self) -> None:
-        s, r = self.s, self.s.recipe
-        while s.step < r.train.steps:
-            timings: dict[str, float] = {"time/weight_sync": self.last_sync}
-            cycle_start = s.step
-            rollouts = self.collect(timings)                       # phases 1-4
-            slices = self.slices(rollouts, timings)                         # phase 5
-            for _ in range(r.algorithm.num_iterations):                     # phase 6
-                for part, batches in slices:
-                    if s.step >= r.train.steps:
-                        break
-                    t0 = time.perf_counter()
-                    stats = optimizer_step(s.accelerator, s.model, s.optimizer, batches, self.settings,
-                                           max_grad_norm=r.train.max_grad_norm)
-                    lr = s.scheduler.get_last_lr()[0]
-                    s.scheduler.step()
-                    s.step += 1
-                    timings["time/training"] = time.perf_counter() - t0
-                    self.record(part, stats, timings, lr)           # phase 8
-            t0 = time.perf_counter()
-            if self.prefetch:
-                self.prefetch.drain()  # a sync never overlaps a generation
-            s.backend.sync_weights(s.accelerator.unwrap_model(s.model))    # phase 7
-            s.maybe_refresh_reference()
-            self.last_sync = time.perf_counter() - t0  # logged with the next cycle's steps
-            evaluated = evaluate_during_training(s, s.step, since=cycle_start)
-            if evaluated and s.accelerator.is_main_process:
-                s.metrics.write({"step": s.step, **evaluated})
+        s, r, state = self.s, self.s.recipe, self.s.state
+        while state.step < r.train.steps:
+            cycle_start = state.step
+            batch = self.generate()                                                   # 1-4
+            slices = self.prepare(batch.rollouts)                                     # 5
+            plan = [sl for _ in range(r.algorithm.num_iterations) for sl in slices][: r.train.steps - state.step]
+            shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's work
+            for k, sl in enumerate(plan):
+                stats = self.update(sl.micro_batches)                                 # 6
+                state.step += 1
+                state.num_tokens += batch.num_tokens if k == 0 else 0
+                self.maybe_refresh_reference()
+                sync = self.sync() if k == len(plan) - 1 else 0.0                     # 7
+                self.record(batch, sl, stats, {**shares, "time/weight_sync": sync})  # 8
+            self.maybe_evaluate(since=cycle_start)
             self.maybe_checkpoint()
-        s.progress.note(f"done: {s.step} steps; run directory {s.run.root}")
+        s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
 
     # -- phases 1-4 ----------------------------------------------------------------------
-    def collect(self, timings: dict[str, float]) -> Rollouts:
+    def generate(self) -> Batch:
+        """B prompts, G completions each, scored; advantages over every process's groups."""
         s, r = self.s, self.s.recipe
         n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
+        seconds = {"time/generation": 0.0, "time/rewards": 0.0}
+        info: dict[str, float] = {}
         if self.prefetch:  # generated while the previous batches trained
             t0 = time.perf_counter()
-            rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.step)
-            timings["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
-            timings["generation/staleness"] = s.step - generated_at
-            rollouts = self.sample(rows, timings, generated)
+            rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
+            seconds["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
+            info["generation/staleness"] = s.state.step - generated_at
+            rollouts = self.sample(rows, seconds, generated)
         else:
-            rollouts = self.sample(s.next_rows(n_prompts), timings)                  # 1-3. [B*G]
+            rollouts = self.sample(s.next_rows(n_prompts), seconds)                  # 1-3. [B*G]
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
             parts = [rollouts]
             for _ in range(r.algorithm.max_fill_rounds):
                 have = sum(int((~self.flat_groups(p)).sum()) for p in parts)
-                if self.fewest_over_processes(have) >= rollouts.num_prompts:
+                if fewest(s.accelerator, have) >= rollouts.num_prompts:
                     break
-                parts.append(self.sample(s.next_rows(n_prompts), timings))
+                parts.append(self.sample(s.next_rows(n_prompts), seconds))
             rollouts = self.keep_informative(parts, rollouts.num_prompts)
-            timings["fill_rounds"] = len(parts) - 1
-        self.advantages(rollouts)                                                     # 4.
+            info["fill_rounds"] = len(parts) - 1
+        rollouts = self.advantages(rollouts)                                          # 4.
         s.after_generation(rollouts)
-        return rollouts
+        completion_tokens = total(s.accelerator, float(rollouts.completion_lengths().sum()))
+        prompt_tokens = total(s.accelerator, sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
+        return Batch(rollouts, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
-    def sample(self, rows: list[dict], timings: dict[str, float], generated: Any = None) -> Rollouts:
-        """Generate G completions for each row (unless given) and score them."""
+    def sample(self, rows: list[dict], seconds: dict[str, float], generated: Any = None) -> Rollouts:
+        """Generate G completions for each row (unless given) and score them; add the time taken."""
         s, r = self.s, self.s.recipe
         if generated is None:
             t0 = time.perf_counter()
-            generated = s.backend.generate([s.render(row) for row in rows], r.generation.num_generations,
+            generated = s.backend.generate([row["prompt_text"] for row in rows], r.generation.num_generations,
                                            self.sampling)                             # [B*G]
-            timings["time/generation"] = timings.get("time/generation", 0.0) + time.perf_counter() - t0
+            seconds["time/generation"] += time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
             completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
@@ -141,17 +156,13 @@ class Loop:
             group_size=r.generation.num_generations, engine_logprobs=generated.logprobs,
         )
         t0 = time.perf_counter()
-        self.score(rollouts)
-        timings["time/rewards"] = timings.get("time/rewards", 0.0) + time.perf_counter() - t0
+        rollouts = self.score(rollouts)
+        seconds["time/rewards"] += time.perf_counter() - t0
         return rollouts
 
     @staticmethod
     def flat_groups(rollouts: Rollouts) -> torch.Tensor:
         return zero_spread_groups(rollouts.rewards.view(-1, rollouts.group_size))  # [B]
-
-    def fewest_over_processes(self, count: int) -> int:
-        """The smallest `count` of any process (all processes then take the same decision)."""
-        return int(gather_floats(self.s.accelerator, torch.tensor([float(count)])).min())
 
     def keep_informative(self, parts: list[Rollouts], n: int) -> Rollouts:
         """The first n groups with reward spread (flat ones only where too few were found)."""
@@ -160,7 +171,8 @@ class Loop:
         order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
         return merged.select_groups(sorted(order[:n]))
 
-    def score(self, rollouts: Rollouts) -> None:
+    def score(self, rollouts: Rollouts) -> Rollouts:
+        """The rollouts with rewards: the weighted total, each reward's values, errors counted."""
         s, r = self.s, self.s.recipe
         column = r.data.prompt_column
         scores = score(
@@ -168,116 +180,150 @@ class Loop:
             rollouts.columns(exclude=(column, "prompt_text")), r.algorithm.reward_combination,
             completion_ids=rollouts.completion_ids,
         )
-        total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
+        total_reward = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
         op = r.algorithm.overlong_penalty
         if op.buffer_length:
-            total += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
-                                      op.buffer_length, op.penalty)
-        rollouts.rewards, rollouts.per_reward, rollouts.reward_errors = total, scores.per_reward, scores.errors
+            total_reward += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
+                                             op.buffer_length, op.penalty)
+        rollouts.rewards, rollouts.per_reward, rollouts.reward_errors = total_reward, scores.per_reward, scores.errors
+        return rollouts
 
-    def advantages(self, rollouts: Rollouts) -> None:
+    def advantages(self, rollouts: Rollouts) -> Rollouts:
         """Group-relative advantages over all processes' groups, then this process's slice."""
         s, r = self.s, self.s.recipe
         g = rollouts.group_size
         everyone = gather_floats(s.accelerator, rollouts.rewards).view(-1, g)       # [W*B, G]
         adv = ADVANTAGES[r.algorithm.advantage_scale](everyone)                     # [W*B, G]
-        zero = zero_spread_groups(everyone)                                          # [W*B]
         b, rank = rollouts.num_prompts, s.accelerator.process_index
-        mine = slice(rank * b, (rank + 1) * b)
-        keep = ~zero[mine] if r.algorithm.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
-        rollouts.advantages = adv[mine].reshape(-1)                                  # [B*G]
-        rollouts.keep = keep.repeat_interleave(g)                                     # [B*G]
-        s.group_stats = {"frac_reward_zero_std": float(zero.float().mean()),
-                         "real_batch_size_ratio": float((~zero).float().mean())
-                         if r.algorithm.drop_zero_spread_groups else 1.0}
+        flat = zero_spread_groups(everyone)[rank * b : (rank + 1) * b]              # [B]
+        keep = ~flat if r.algorithm.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+        rollouts.advantages = adv[rank * b : (rank + 1) * b].reshape(-1)            # [B*G]
+        rollouts.flat, rollouts.keep = flat, keep.repeat_interleave(g)              # [B], [B*G]
+        return rollouts
 
     # -- phase 5 -------------------------------------------------------------------------
-    def slices(self, rollouts: Rollouts, timings: dict[str, float]) -> list[tuple[Rollouts, list]]:
-        """Split the generation batch into steps_per_generation optimizer batches of micro-batches."""
+    def prepare(self, rollouts: Rollouts) -> list[Slice]:
+        """steps_per_generation optimizer batches, each with the log-probs its loss needs."""
         s, r = self.s, self.s.recipe
+        model = s.accelerator.unwrap_model(s.model)
         n_slices = r.train.steps_per_generation
         per = rollouts.num_prompts // n_slices
-        out, t_logp, sums = [], 0.0, []
+        moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
+        out = []
         for k in range(n_slices):
-            part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))
+            part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))       # [B/S*G]
             batches = make_micro_batches(
                 part, select_sequences(part, r.algorithm.mask_truncated_completions),
                 max_sequences=r.train.micro_batch_size, max_tokens=r.train.max_tokens_per_micro_batch,
-                layout=choose_layout(s.accelerator.unwrap_model(s.model)),
+                layout=choose_layout(model),
             )
             t0 = time.perf_counter()
             correct = r.vllm.importance_sampling_correction and part.engine_logprobs is not None
-            if self.cycle > 1 or correct:  # the policy moves before these are used, or the engine differs
-                fill_logprobs(s.accelerator.unwrap_model(s.model), batches, self.settings.temperature, "old_logp")
+            if moves or correct:  # old log-probs: from the policy that generated, or for the engine's ratio
+                fill_logprobs(model, batches, self.settings.temperature, "old_logp")
             if s.reference is not None:
                 fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
-            if correct:
-                sums.append(importance_weights(part, batches, r.vllm.importance_sampling_cap))
-            t_logp += time.perf_counter() - t0
-            out.append((part, batches))
-        timings["time/logprobs"] = t_logp
-        s.mismatch = mismatch_metrics(s.accelerator, sums) if sums else {}
+            sums = [importance_weights(part, batches, r.vllm.importance_sampling_cap)] if correct else []
+            mismatch = mismatch_metrics(s.accelerator, sums) if correct else {}
+            out.append(Slice(part, batches, mismatch, time.perf_counter() - t0))
         return out
 
-    # -- phase 8 -------------------------------------------------------------------------
-    def record(self, part: Rollouts, stats: dict[str, float],
-               timings: dict[str, float], lr: float) -> None:
+    # -- phases 6-7 ----------------------------------------------------------------------
+    def update(self, micro_batches: list[MicroBatch]) -> dict[str, float]:
+        """One optimizer step; its statistics (summed over processes), learning rate and time."""
         s, r = self.s, self.s.recipe
-        acc = s.accelerator
-        rewards = gather_floats(acc, part.rewards)                                   # [W*B*G]
+        t0 = time.perf_counter()
+        stats = optimizer_step(s.accelerator, s.model, s.optimizer, micro_batches, self.settings,
+                               max_grad_norm=r.train.max_grad_norm)
+        lr = s.scheduler.get_last_lr()[0]
+        with warnings.catch_warnings():  # a skipped update still advances the schedule
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            s.scheduler.step()
+        return {**stats, "learning_rate": lr, "time/training": time.perf_counter() - t0}
+
+    def sync(self) -> float:
+        """Send the new weights to the generation backend; the seconds it took."""
+        s = self.s
+        t0 = time.perf_counter()
+        if self.prefetch:
+            self.prefetch.drain()  # a sync never overlaps a generation
+        s.backend.sync_weights(s.accelerator.unwrap_model(s.model))
+        return time.perf_counter() - t0
+
+    def maybe_refresh_reference(self) -> None:
+        """TRL's SyncRefModelCallback: every ref_sync_steps optimizer steps, ref = a * policy + (1 - a) * ref."""
+        s, a = self.s, self.s.recipe.algorithm
+        if s.reference is None or not is_due(a.ref_sync_steps, s.state.step):
+            return
+        policy = s.accelerator.unwrap_model(s.model).state_dict()
+        with torch.no_grad():
+            for name, ref_param in s.reference.state_dict().items():
+                ref_param.mul_(1 - a.ref_sync_alpha).add_(policy[name].to(ref_param.dtype), alpha=a.ref_sync_alpha)
+
+    # -- phase 8 -------------------------------------------------------------------------
+    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float]) -> None:
+        """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's."""
+        s, r = self.s, self.s.recipe
+        acc, step = s.accelerator, s.state.step
         tokens = max(stats["tokens"], 1.0)
-        generated = gather_floats(acc, part.completion_lengths()).sum()
-        s.num_tokens += int(generated) + acc.reduce(
-            torch.tensor(sum(len(p) for p in part.prompt_ids) * part.group_size, device=acc.device),
-            reduction="sum").item()
-        step_time = sum(v for k, v in timings.items() if k.startswith("time/"))
+        completion_tokens = shares.pop("completion_tokens")
+        seconds = {**shares, "time/training": stats["time/training"]}
+        step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
-            "step": s.step, "epoch": s.epoch, "loss": stats["loss"],
-            "reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            **self.reward_metrics(part), **length_metrics(part), **s.group_stats, **s.mismatch,
+            "step": step, "epoch": s.epoch, "loss": stats["loss"],
+            **reward_summary(acc, sl.part), **length_metrics(acc, sl.part),
+            **group_metrics(acc, sl.part, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
             "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
             "clip_ratio/region_mean": stats["clip_region"] / tokens,
-            "grad_norm": stats["grad_norm"], "learning_rate": lr, "num_tokens": s.num_tokens,
+            "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
             **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio", "time/forward_backward",
                                      "time/optimizer") if k in stats},  # parts of time/training
-            "skipped_update": stats["skipped"], **timings,
-            "tokens_per_second": float(generated) / step_time if step_time else 0.0,
+            "skipped_update": stats["skipped"], **seconds, **batch.info,
+            "tokens_per_second": completion_tokens / step_time if step_time else 0.0,
         }
         if stats["skipped"] and stats["tokens"]:
             s.nonfinite(metrics)
         if acc.is_main_process:
             s.metrics.write(metrics)
-        if r.log.rollouts_every and s.step % r.log.rollouts_every == 0:
-            write_rollouts(s.run, s.step, part, acc)  # every process: the main one writes all groups
+        if is_due(r.log.rollouts_every, step):
+            write_rollouts(s.run, step, sl.part, acc)  # every process: the main one writes all groups
         if r.log.report_to:
-            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=s.step)
-        s.progress.update(metrics, r.train.steps)
-        s.watch(metrics)
+            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        s.show(metrics)
 
-    def reward_metrics(self, part: Rollouts) -> dict[str, float]:
-        out = {}
-        for name, values in part.per_reward.items():
-            v = gather_floats(self.s.accelerator, torch.tensor(
-                [float("nan") if x is None else float(x) for x in values], dtype=torch.float32))
-            ok = v[~torch.isnan(v)]
-            out[f"rewards/{name}/mean"] = float(ok.mean()) if len(ok) else float("nan")
-            out[f"rewards/{name}/std"] = float(ok.std()) if len(ok) > 1 else 0.0
-            if part.reward_errors.get(name):
-                out[f"rewards/{name}/errors"] = part.reward_errors[name]
-        return out
+    def maybe_evaluate(self, *, since: int) -> None:
+        s = self.s
+        if self.evaluation is None or not is_due(self.evaluation.every, s.state.step, since=since):
+            return
+        evaluated = self.evaluation.run(s.state.step)
+        if s.accelerator.is_main_process:
+            s.metrics.write({"step": s.state.step, **evaluated})
 
     def maybe_checkpoint(self) -> None:
-        s, r = self.s, self.s.recipe
-        every = r.train.save_steps
-        due = every and (s.step // every) > (s.last_saved // every)
-        if due or s.step >= r.train.steps:
+        s, r, state = self.s, self.s.recipe, self.s.state
+        if is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
             save_checkpoint(
-                s.run, s.step, accelerator=s.accelerator, model=s.model, tokenizer=s.tokenizer,
-                optimizer=s.optimizer, scheduler=s.scheduler, state=s.state(), keep=r.train.save_total_limit,
+                s.run, state.step, accelerator=s.accelerator, model=s.model, tokenizer=s.tokenizer,
+                optimizer=s.optimizer, scheduler=s.scheduler, state=s.checkpoint_state(),
+                keep=r.train.save_total_limit,
                 reference=s.reference if r.algorithm.ref_sync_steps else None,  # it moves: resume needs it
             )
-            s.last_saved = s.step
+            state.last_saved = state.step
+
+    def close(self) -> None:
+        if self.prefetch:
+            self.prefetch.close()
 
 
-__all__ = ["Loop", "TrainingStopped", "train"]
+def cycle_shares(batch: Batch, slices: list[Slice], steps: int) -> dict[str, float]:
+    """Each of the cycle's optimizer steps gets an equal share of the work done once per cycle:
+    generation, rewards, log-prob passes and the completion tokens generated. Summed over the
+    cycle's steps they give the cycle's totals, so tokens_per_second is the cycle's throughput."""
+    return {"time/generation": batch.seconds["time/generation"] / steps,
+            "time/rewards": batch.seconds["time/rewards"] / steps,
+            "time/logprobs": sum(sl.seconds for sl in slices) / steps,
+            "completion_tokens": batch.completion_tokens / steps}
+
+
+__all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]

@@ -1,16 +1,23 @@
-"""metrics.jsonl, rollouts/step-N.jsonl, trackers, and what the terminal shows while training."""
+"""What a training step writes: its metrics.jsonl line (the batch-describing parts of it) and
+rollouts/step-N.jsonl.
+
+Every figure of a line describes the optimizer batch of that step (its slice of the generation
+batch), gathered over all processes: rewards, per-reward metrics (the same code as `grpo eval`,
+grpocli.rewards.reward_metrics), completion lengths and the groups without reward spread.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 from typing import Any
 
 import torch
 
+from grpocli.rewards import Scores, reward_metrics
 from grpocli.rundir import RunDir, read_jsonl
+from grpocli.trainer.collectives import gather_floats, gather_rows
 from grpocli.trainer.rollouts import Rollouts
 
 
@@ -38,11 +45,9 @@ class MetricsLog:
 def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any) -> None:
     """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage.
 
-    Every process must call it: each one's rows are gathered (accelerate's gather_object, in
-    rank order) and the main process writes them all; `group` is the group's index over all processes.
+    Every process must call it: each one's rows are gathered in rank order and the main process
+    writes them all; `group` is the group's index over all processes.
     """
-    from accelerate.utils import gather_object
-
     g = rollouts.group_size
     first = accelerator.process_index * rollouts.num_prompts
     rows = [{
@@ -56,8 +61,7 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
         "truncated": bool(rollouts.truncated[i]),
         "kept": bool(rollouts.keep[i]),
     } for i, completion in enumerate(rollouts.completions)]
-    if accelerator.num_processes > 1:
-        rows = gather_object(rows)
+    rows = gather_rows(accelerator, rows)
     if not accelerator.is_main_process:
         return
     run.rollouts.mkdir(parents=True, exist_ok=True)
@@ -66,63 +70,39 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
     os.replace(tmp, run.rollout_file(step))
 
 
-def length_metrics(rollouts: Rollouts) -> dict[str, float]:
-    """TRL's completions/* metrics."""
-    lengths = rollouts.completion_lengths()  # [B*G]
-    terminated = lengths[~rollouts.truncated]
+def reward_summary(accelerator: Any, part: Rollouts) -> dict[str, float]:
+    """reward, reward_std and rewards/<name>/{mean,std,num_none,num_errors} over every process."""
+    rewards = gather_floats(accelerator, part.rewards)                          # [W*B*G]
+    per_reward = {}
+    for name, values in part.per_reward.items():
+        mine = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+        every = gather_floats(accelerator, mine).tolist()                       # [W*B*G]
+        per_reward[name] = [None if math.isnan(v) else v for v in every]
+    names = list(part.per_reward)
+    errors = gather_floats(accelerator, torch.tensor([float(part.reward_errors.get(n, 0)) for n in names]))
+    counts = errors.view(-1, len(names)).sum(dim=0).tolist() if names else []  # [R] summed over processes
+    scores = Scores(per_reward, rewards.tolist(), {n: int(c) for n, c in zip(names, counts) if c})
+    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            **reward_metrics(scores)}
+
+
+def group_metrics(accelerator: Any, part: Rollouts, drop_flat: bool) -> dict[str, float]:
+    """TRL's frac_reward_zero_std and open-instruct's real_batch_size_ratio (share of groups that
+    enter the loss) over every process's groups of this batch."""
+    flat = gather_floats(accelerator, part.flat.float())                         # [W*B]
+    return {"frac_reward_zero_std": float(flat.mean()),
+            "real_batch_size_ratio": float((1 - flat).mean()) if drop_flat else 1.0}
+
+
+def length_metrics(accelerator: Any, part: Rollouts) -> dict[str, float]:
+    """TRL's completions/* metrics over every process."""
+    lengths = gather_floats(accelerator, part.completion_lengths())            # [W*B*G]
+    truncated = gather_floats(accelerator, part.truncated.float()) > 0          # [W*B*G]
+    terminated = lengths[~truncated]
     return {
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
-        "completions/clipped_ratio": float(rollouts.truncated.float().mean()),
+        "completions/clipped_ratio": float(truncated.float().mean()),
         "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else 0.0,
     }
-
-
-class Progress:
-    """A rich progress bar on a terminal, plain lines otherwise, nothing with 'none'."""
-
-    SHOWN = (("reward", "reward"), ("kl", "kl"), ("completions/mean_length", "len"),
-             ("frac_reward_zero_std", "zero_std"), ("tokens_per_second", "tok/s"))
-
-    def __init__(self, mode: str, total: int, enabled: bool) -> None:
-        self.mode = "rich" if mode == "auto" and sys.stderr.isatty() else ("plain" if mode == "auto" else mode)
-        self.enabled = enabled and self.mode != "none"
-        self._bar = None
-        if self.enabled and self.mode == "rich":
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
-
-            self._bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
-                            TextColumn("{task.fields[info]}"), transient=False)
-            self._task = self._bar.add_task("train", total=total, info="")
-            self._bar.start()
-
-    def resume_at(self, step: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step)
-
-    def update(self, metrics: dict[str, Any], total: int) -> None:
-        if not self.enabled:
-            return
-        info = "  ".join(f"{name} {metrics[key]:.4g}" for key, name in self.SHOWN
-                         if isinstance(metrics.get(key), (int, float)))
-        if self._bar is not None:
-            self._bar.update(self._task, completed=metrics["step"], info=info)
-        else:
-            print(f"step {metrics['step']}/{total}  {info}", file=sys.stderr, flush=True)
-
-    def note(self, text: str, *, always: bool = False) -> None:
-        """A line above the progress display; `always` prints it even with log.progress='none'."""
-        if self._bar is not None:
-            self._bar.console.print(text, markup=False, highlight=False)
-        elif self.enabled or always:
-            print(text, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def gather_floats(accelerator: Any, values: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-D float tensor from every process (same length on each)."""
-    return accelerator.gather(values.to(accelerator.device)).cpu()

@@ -25,9 +25,8 @@ class _Pending:
 
 
 class Prefetcher:
-    def __init__(self, backend: Any, *, ahead: int, n: int, sampling: Sampling,
-                 render: Callable[[dict[str, Any]], str]) -> None:
-        self.backend, self.ahead, self.n, self.sampling, self.render = backend, ahead, n, sampling, render
+    def __init__(self, backend: Any, *, ahead: int, n: int, sampling: Sampling) -> None:
+        self.backend, self.ahead, self.n, self.sampling = backend, ahead, n, sampling
         self.pending: deque[_Pending] = deque()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate")
 
@@ -50,6 +49,6 @@ class Prefetcher:
         self.worker.shutdown(wait=True, cancel_futures=True)
 
     def _submit(self, rows: list[dict[str, Any]], step: int) -> None:
-        texts = [self.render(row) for row in rows]
+        texts = [row["prompt_text"] for row in rows]  # rendered rows (grpocli.data.template)
         future = self.worker.submit(self.backend.generate, texts, self.n, self.sampling)
         self.pending.append(_Pending(rows, future, step))

@@ -25,7 +25,8 @@ class Rollouts:
     reward_errors: dict[str, int] = field(default_factory=dict)
     # filled by advantages
     advantages: torch.Tensor | None = None          # [B*G]
-    keep: torch.Tensor | None = None                # [B*G] bool: enters the loss
+    flat: torch.Tensor | None = None                # [B]   bool: the group's rewards have no spread
+    keep: torch.Tensor | None = None                # [B*G] bool: its group enters the loss
 
     @property
     def num_prompts(self) -> int:
@@ -81,5 +82,6 @@ class Rollouts:
             per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()},
             reward_errors=dict(self.reward_errors),
             advantages=self.advantages[pick] if self.advantages is not None else None,
+            flat=self.flat[torch.tensor(groups, dtype=torch.long)] if self.flat is not None else None,
             keep=self.keep[pick] if self.keep is not None else None,
         )

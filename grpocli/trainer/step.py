@@ -1,7 +1,9 @@
 """One optimizer step over micro-batches: the clipped surrogate, KL, aggregation, backward, update.
 
-Phases (per micro-batch): log-probs -> ratio and clipping -> KL -> named aggregation -> backward.
-Then: clip the global gradient norm -> optimizer step (skipped on a non-finite norm).
+Phases: global counts (the normalisers, over every process) -> per micro-batch: log-probs ->
+ratio and clipping -> KL -> engine importance weights -> named aggregation -> backward (gradients
+synced at the last) -> clip the global gradient norm -> optimizer step (skipped on a non-finite
+norm).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ COUNT_KEYS = ("sequences", "tokens", "micro_batches", "row_tokens", "sequence_to
 
 
 def global_counts(accelerator: Any, micro_batches: list[MicroBatch]) -> dict[str, float]:
-    """Sequences, loss tokens, micro-batches (= packed rows), tokens computed in the rows and
+    """Sequences, loss tokens, micro-batches, token slots the micro-batches' rows compute and
     tokens the sequences would take unpacked, summed over every process."""
     local = [
         sum(mb.num_sequences for mb in micro_batches), sum(mb.num_tokens for mb in micro_batches),
@@ -163,9 +165,10 @@ def global_counts(accelerator: Any, micro_batches: list[MicroBatch]) -> dict[str
 
 
 def packing_stats(counts: dict[str, float]) -> dict[str, float]:
-    """`packed_ratio`: packed rows per sequence (open-instruct's `val/packed_ratio`; 1.0 = one
-    row per sequence); `packed_token_ratio`: tokens the rows compute per token of the unpacked
-    sequences (below 1.0 when completions share their prompt)."""
+    """`packed_ratio`: micro-batches (forward passes) per sequence in the loss (1.0 = one each;
+    with packed rows a micro-batch is one row, as in open-instruct's `val/packed_ratio`);
+    `packed_token_ratio`: token slots the rows compute per token of the unpacked sequences
+    (below 1.0 when completions share their prompt, above it with padding)."""
     sequences, tokens = counts["sequences"], counts["sequence_tokens"]
     return {
         "packed_ratio": counts["micro_batches"] / sequences if sequences else 0.0,

@@ -164,7 +164,7 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
     from grpocli.recipe import load_recipe
     from grpocli.trainer import loop as loop_module
     from grpocli.trainer import step as step_module
-    from grpocli.trainer.setup import Session
+    from grpocli.trainer.session import Session
 
     if a.backend == "vllm":
         bind_vllm_threads(a.threads)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -40,7 +38,7 @@ def datasets_cache(tmp_path, monkeypatch):
 
 
 def test_eval_compares_base_and_checkpoint(checkpoint):
-    from grpocli.evaluation.run import run_eval
+    from grpocli.evaluation.comparison import run_eval
 
     out = io.StringIO()
     summaries = run_eval("quickstart", OVERRIDES, checkpoints=[str(checkpoint)], base=True, n=4, k="1,2,4",
@@ -75,7 +73,7 @@ def test_eval_compares_base_and_checkpoint(checkpoint):
 
 
 def test_k_larger_than_n_is_a_user_error(checkpoint):
-    from grpocli.evaluation.run import run_eval
+    from grpocli.evaluation.comparison import run_eval
 
     with pytest.raises(UserError) as err:
         run_eval("quickstart", OVERRIDES, checkpoints=[str(checkpoint)], n=2, k="1,4", num_prompts=1)
@@ -98,39 +96,29 @@ def test_run_directory_means_its_newest_checkpoint(checkpoint):
     assert target.path == checkpoint and target.label == "step-3" and "newest checkpoint" in target.note
 
 
-@dataclass
-class LiveSession:
-    """What the training loop hands over: recipe, tokenizer, backend, rewards, accelerator, run."""
-
-    recipe: Any
-    tokenizer: Any
-    backend: Any
-    reward_fns: list
-    accelerator: Any
-    run: Any
-
-
 def test_evaluate_during_training(tmp_path):
     import torch
 
-    from grpocli.evaluation.training import evaluate_during_training, is_due, prepare_evaluation
+    from grpocli.evaluation.periodic import PeriodicEval
     from grpocli.generation.hf import HFBackend
     from grpocli.models import load_policy, load_tokenizer
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve
-    from grpocli.rundir import RunDir
 
     recipe = load_recipe("quickstart", [*OVERRIDES, "eval.every=2", "eval.n=3", "eval.k=[1, 3]",
                                         "eval.num_prompts=2", "eval.success_threshold=-0.5"]).recipe
     r = recipe
     tokenizer = load_tokenizer(r.model)
     model = load_policy(r.model, r.train.seed)
-    s = LiveSession(recipe, tokenizer, HFBackend(model, tokenizer, max_prompt_length=64),
-                    resolve(r.rewards, load_plugins().rewards), None, RunDir(tmp_path))
-    prepare_evaluation(s)
-    assert evaluate_during_training(s, 1) == {}
+    off = load_recipe("quickstart", OVERRIDES).recipe
+    assert PeriodicEval.open(off, tokenizer=tokenizer, backend=None, reward_fns=[], accelerator=None,
+                             run_root=tmp_path) is None  # eval.every = 0
+    periodic = PeriodicEval.open(r, tokenizer=tokenizer, backend=HFBackend(model, tokenizer, max_prompt_length=64),
+                                 reward_fns=resolve(r.rewards, load_plugins().rewards), accelerator=None,
+                                 run_root=tmp_path)
+    assert periodic.every == 2 and len(periodic.rows) == 2
     rng = torch.get_rng_state()
-    metrics = evaluate_during_training(s, 2)
+    metrics = periodic.run(2)
     assert torch.equal(rng, torch.get_rng_state())  # training's random stream is untouched
     for key in ("eval/reward", "eval/rewards/length/mean", "eval/pass@1", "eval/pass@3", "eval/mean@3",
                 "eval/completions/mean_length", "eval/completions/clipped_ratio"):
@@ -139,16 +127,15 @@ def test_evaluate_during_training(tmp_path):
     samples = (tmp_path / "eval" / "step-2-test" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 2 * 3
     # seeded by train.seed + step: the same step gives the same numbers
-    again = evaluate_during_training(s, 2)
+    again = periodic.run(2)
     assert {k: v for k, v in again.items() if k != "time/eval"} == {
         k: v for k, v in metrics.items() if k != "time/eval"}
-    assert is_due(2, 3, since=1) and not is_due(2, 5, since=4) and not is_due(0, 4)
 
 
 def test_checkpoint_model_section(tmp_path):
     """A checkpoint replaces model.name_or_path; without saved tokenizer files the base's tokenizer
     is used; LoRA is not added again."""
-    from grpocli.evaluation.run import model_section_for
+    from grpocli.evaluation.comparison import model_section_for
     from grpocli.evaluation.targets import Target
 
     model = load_recipe("quickstart", ["model.lora.enabled=true"]).recipe.model

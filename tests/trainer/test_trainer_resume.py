@@ -111,14 +111,14 @@ def test_tmp_checkpoint_is_never_the_latest(tmp_path):
 
 def test_a_finished_run_is_not_trained_again(tmp_path):
     from grpocli.errors import UserError
-    from grpocli.trainer.setup import _resume_point
+    from grpocli.trainer.checkpoint import resume_point
 
     run = RunDir(tmp_path)
     (run.checkpoint(4) / "trainer").mkdir(parents=True)
     (run.checkpoint(4) / "trainer" / "state.json").write_text(json.dumps({"step": 4}))
-    assert _resume_point(run, "auto", 6) == (4, run.checkpoint(4))
+    assert resume_point(run, "auto", 6) == (4, run.checkpoint(4))
     with pytest.raises(UserError, match="already complete"):
-        _resume_point(run, "auto", 4)
+        resume_point(run, "auto", 4)
 
 
 def test_learning_rate_follows_the_resumed_schedule():

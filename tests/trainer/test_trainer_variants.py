@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 
@@ -46,10 +47,28 @@ def test_metrics_rollouts_and_checkpoint(tmp_path):
     assert (tmp_path / "run/config.resolved.toml").exists()
 
 
+@pytest.fixture
+def table_calls(monkeypatch):
+    """Every entry of LOSSES, ADVANTAGES and KL_ESTIMATORS wrapped to count its calls by name."""
+    from grpocli.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSSES
+
+    calls: dict[str, Counter] = {"loss": Counter(), "advantage_scale": Counter(), "kl_estimator": Counter()}
+    for key, table in (("loss", LOSSES), ("advantage_scale", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS)):
+        for name, fn in list(table.items()):
+            def counted(*args, _fn=fn, _name=name, _calls=calls[key], **kwargs):
+                _calls[_name] += 1
+                return _fn(*args, **kwargs)
+
+            monkeypatch.setitem(table, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("overrides", [
     ["algorithm.loss=grpo"], ["algorithm.loss=bnpo"], ["algorithm.loss=dr_grpo", "algorithm.advantage_scale=none"],
+    ["algorithm.loss=seq-mean-token-sum-norm"],  # verl's name for dr_grpo
     ["algorithm.advantage_scale=batch"],
     ["algorithm.beta=0.1", "algorithm.kl_estimator=k1", "algorithm.ref_sync_steps=1", "algorithm.ref_sync_alpha=0.5"],
+    ["algorithm.beta=0.1", "algorithm.kl_estimator=k2"], ["algorithm.beta=0.1", "algorithm.kl_estimator=abs"],
     ["algorithm.num_iterations=2", "train.steps=4"],
     ["train.steps_per_generation=2", "train.steps=4"],
     ["algorithm.mask_truncated_completions=true", "algorithm.overlong_penalty={buffer_length=4}"],
@@ -59,13 +78,18 @@ def test_metrics_rollouts_and_checkpoint(tmp_path):
     ["model.gradient_checkpointing=true"],
     ["model.lora={enabled=true, r=4, alpha=8}"],
 ], ids=lambda o: " ".join(o))
-def test_variant_trains(tmp_path, overrides):
+def test_variant_trains(tmp_path, overrides, table_calls):
+    """Each option trains, and the variants used are exactly the ones the recipe names."""
     metrics = run(tmp_path, *overrides)
     steps = next((int(o.split("=")[1]) for o in overrides if o.startswith("train.steps=")), 2)
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     for m in metrics:
         assert math.isfinite(m["reward"]) and m["grad_norm"] is not None
-    if any(o.startswith("algorithm.beta=") for o in overrides):
+    algorithm = load_recipe("quickstart", list(overrides)).recipe.algorithm
+    assert set(table_calls["loss"]) == {algorithm.loss}, table_calls["loss"]
+    assert set(table_calls["advantage_scale"]) == {algorithm.advantage_scale}, table_calls["advantage_scale"]
+    assert set(table_calls["kl_estimator"]) == ({algorithm.kl_estimator} if algorithm.beta > 0 else set())
+    if algorithm.beta > 0:
         assert metrics[-1]["kl"] != 0.0  # the reference was really used (and refreshed)
     if "algorithm.num_iterations=2" in overrides:
         # the second update of a batch sees a ratio != 1: the old log-probs were kept

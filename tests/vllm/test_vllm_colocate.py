@@ -25,7 +25,7 @@ GREEDY = Sampling(max_tokens=12, temperature=0.0)
 def session(tmp_path_factory, tiny_shape):
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import Loop
-    from grpocli.trainer.setup import Session
+    from grpocli.trainer.session import Session
 
     out = tmp_path_factory.mktemp("run")
     overrides = [f"model.tiny.{k}={v}" for k, v in tiny_shape.items()] + [
@@ -50,7 +50,7 @@ def test_engine_follows_the_trained_model(session, greedy_reference):
     model = session.accelerator.unwrap_model(session.model)
     prompt_ids = session.backend.encode_prompts(PROMPTS)
     engine = _engine_greedy(session.backend)
-    assert session.step == 3
+    assert session.state.step == 3
     assert engine == greedy_reference(model, prompt_ids, GREEDY.max_tokens)
     assert engine != session.initial_greedy  # training moved the weights enough to change decoding
 

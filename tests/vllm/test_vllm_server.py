@@ -178,7 +178,7 @@ def test_training_uses_the_server(vllm_server, tiny_shape, tmp_path, monkeypatch
     """generation.backend = "vllm-server": real steps; afterwards the server holds the trained weights."""
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import Loop
-    from grpocli.trainer.setup import Session
+    from grpocli.trainer.session import Session
 
     monkeypatch.setenv("GRPO_VLLM_API_KEY", vllm_server.key)
     overrides = [f"model.tiny.{k}={v}" for k, v in tiny_shape.items()] + [

@@ -1,5 +1,8 @@
 """`grpo eval RECIPE`: sample with the recipe's backend, score with its rewards, compare models.
 
+The backend comes from the same table as training's (grpocli.generation.backends.BACKENDS), so
+`grpo eval` samples with transformers, a colocated vLLM engine or a `grpo vllm-serve` server.
+
 Names (rewards, dataset, split, k) and checkpoints are checked before any model loads. Each
 model samples from the same prompts with the same seed (train.seed), so a checkpoint and the
 base model are compared on equal terms.
@@ -10,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -19,18 +22,6 @@ from grpocli.evaluation.evaluator import EvalSettings, evaluate
 from grpocli.evaluation.records import eval_dir, write_eval
 from grpocli.evaluation.report import comparison_table
 from grpocli.evaluation.targets import Target, resolve_targets
-
-
-def eval_section(recipe: Any) -> Any:
-    """The recipe's [eval] section, or its defaults where the recipe has none."""
-    from grpocli.recipe.eval_section import EvalSection
-
-    return getattr(recipe, "eval", None) or EvalSection()
-
-
-def eval_split(recipe: Any, split: str | None = None) -> str:
-    """--split, else eval.split, else data.eval_split, else 'test'."""
-    return split or eval_section(recipe).split or recipe.data.eval_split or "test"
 
 
 def parse_k(text: str | None) -> list[int] | None:
@@ -61,14 +52,13 @@ def run_eval(
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
     resolved = load_recipe(recipe, overrides)
     r = resolved.recipe
-    ev = eval_section(r)
+    ev = r.eval
     settings = EvalSettings.from_section(ev, n=n, k=parse_k(k), threshold=threshold)
     targets = resolve_targets(checkpoints, base=base)
-    factory = _backend_factory(r.generation.backend)
     plugins = load_plugins()
     reward_fns = resolve(r.rewards, plugins.rewards)
     settings.check([f.name for f in reward_fns])
-    split = eval_split(r, split)
+    split = ev.split_for(r.data.eval_split, split)
     dataset = load_dataset_for(r.data, plugins.datasets, split, r.train.seed)
     count = num_prompts if num_prompts is not None else ev.num_prompts
     count = len(dataset) if count in (0, None) else min(count, len(dataset))
@@ -78,7 +68,7 @@ def run_eval(
         if target.note:
             notes.print(f"note: {target.note}")
         notes.print(f"evaluating {target.label} on {count} prompts of split {split!r} x {settings.n} samples")
-        summary = _evaluate_one(target, r, factory, dataset, count, reward_fns, settings)
+        summary = _evaluate_one(target, r, dataset, count, reward_fns, settings)
         summary.update(recipe=resolved.name, recipe_path=str(resolved.path or ""), split=split)
         out = write_eval(eval_dir(root, target.label, split), summary.pop("samples"), summary)
         notes.print(f"wrote {out}/samples.jsonl and summary.json")
@@ -89,7 +79,7 @@ def run_eval(
     return summaries
 
 
-def _evaluate_one(target: Target, r: Any, factory: Callable, dataset: Any, count: int,
+def _evaluate_one(target: Target, r: Any, dataset: Any, count: int,
                   reward_fns: list, settings: EvalSettings) -> dict[str, Any]:
     from transformers import set_seed
 
@@ -97,7 +87,7 @@ def _evaluate_one(target: Target, r: Any, factory: Callable, dataset: Any, count
     from grpocli.generation.base import Sampling
 
     model_section = model_section_for(r.model, target)
-    tokenizer, backend = factory(model_section, r)
+    tokenizer, backend = _open_backend(model_section, r)
     try:
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
         rows = [prompts[i] for i in range(count)]
@@ -129,29 +119,18 @@ def model_section_for(model: Any, target: Target) -> Any:
     return model.model_copy(update=update)
 
 
-def _hf_backend(model_section: Any, r: Any) -> tuple[Any, Any]:
+def _open_backend(model_section: Any, r: Any) -> tuple[Any, Any]:
+    """The model of ``model_section`` and the recipe's generation backend around it."""
     import torch
 
-    from grpocli.generation.hf import HFBackend
+    from grpocli.generation.backends import build_backend
     from grpocli.models import load_policy, load_tokenizer
 
     tokenizer = load_tokenizer(model_section)
-    device = "cuda" if torch.cuda.is_available() else None
+    device = "cuda" if torch.cuda.is_available() and r.generation.backend == "hf" else None
     model = load_policy(model_section, r.train.seed, device=device)
     model.eval()
-    return tokenizer, HFBackend(model, tokenizer, max_prompt_length=r.data.max_prompt_length)
-
-
-#: generation.backend -> factory(model_section, recipe) -> (tokenizer, backend with generate/close).
-BACKENDS: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = {"hf": _hf_backend}
-
-
-def _backend_factory(name: str) -> Callable[[Any, Any], tuple[Any, Any]]:
-    if name not in BACKENDS:
-        raise UserError(f"`grpo eval` cannot sample with generation.backend = {name!r} yet",
-                        where="generation.backend", valid=", ".join(repr(b) for b in BACKENDS),
-                        hint="grpo eval RECIPE generation.backend=hf ...")
-    return BACKENDS[name]
+    return tokenizer, build_backend(model, tokenizer, r, seed=r.train.seed)
 
 
 def _eval_root(configured: str | None, targets: list[Target], resolved: Any) -> Path:

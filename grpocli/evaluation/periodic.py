@@ -1,0 +1,101 @@
+"""Evaluation during training: every eval.every steps, on a held-out split, with the live model.
+
+The training loop opens one `PeriodicEval` (it loads and renders this process's eval prompts
+up front, so a wrong split fails before training starts), decides when one is due
+(grpocli.trainer.cadence.is_due) and calls `run(step)` after it has synced weights to its
+generation backend; the returned ``eval/...`` metrics go into metrics.jsonl and the samples
+into eval/step-N-<split>/. Under several processes each samples its share of the prompts and
+the records are gathered before summarizing. Sampling runs under ``torch.random.fork_rng``
+seeded by train.seed + step, so evaluating does not change the training run's random stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpocli.evaluation.evaluator import EvalSettings, sample_and_score, summarize
+from grpocli.evaluation.records import eval_dir, write_eval
+
+
+@dataclass
+class PeriodicEval:
+    recipe: Any
+    tokenizer: Any
+    backend: Any              # the training run's generation backend (generate)
+    reward_fns: list
+    accelerator: Any          # None: one process
+    run_root: Path | None     # where eval/step-N-<split>/ is written (None: nowhere)
+    rows: list[dict[str, Any]]  # this process's rendered eval prompts
+    indices: list[int]        # their indices in the split
+
+    @property
+    def every(self) -> int:
+        return self.recipe.eval.every
+
+    @property
+    def split(self) -> str:
+        return self.recipe.eval.split_for(self.recipe.data.eval_split)
+
+    @classmethod
+    def open(cls, recipe: Any, *, tokenizer: Any, backend: Any, reward_fns: list, accelerator: Any,
+             run_root: Path | None) -> PeriodicEval | None:
+        """Load and render this process's eval prompts; None when eval.every is 0."""
+        ev = recipe.eval
+        if not ev.every:
+            return None
+        EvalSettings.from_section(ev).check([f.name for f in reward_fns], where="eval.k")
+        from grpocli.data.source import load_dataset_for
+        from grpocli.data.template import RenderedPrompts
+        from grpocli.registry import load_plugins
+
+        split = ev.split_for(recipe.data.eval_split)
+        dataset = load_dataset_for(recipe.data, load_plugins().datasets, split, recipe.train.seed)
+        count = len(dataset) if ev.num_prompts == 0 else min(ev.num_prompts, len(dataset))
+        rank, world = (0, 1) if accelerator is None else (accelerator.process_index, accelerator.num_processes)
+        indices = list(range(count))[rank::world]
+        prompts = RenderedPrompts(dataset, recipe.data, tokenizer)
+        return cls(recipe, tokenizer, backend, reward_fns, accelerator, run_root,
+                   [prompts[i] for i in indices], indices)
+
+    def run(self, step: int) -> dict[str, float]:
+        """``{"eval/reward": ..., "eval/pass@1": ..., "time/eval": ...}`` for the model at ``step``."""
+        r = self.recipe
+        settings = EvalSettings.from_section(r.eval)
+        t0 = time.perf_counter()
+        samples = self._gather(self._sample(settings, seed=r.train.seed + step))
+        metrics = summarize(samples, settings)
+        seconds = time.perf_counter() - t0
+        if self._is_main() and self.run_root is not None:
+            summary = {"label": f"step-{step}", "step": step, "split": self.split, "n": settings.n,
+                       "k": list(settings.k), "success_threshold": settings.success_threshold,
+                       "success_reward": settings.success_reward, "metrics": metrics}
+            write_eval(eval_dir(Path(self.run_root) / "eval", f"step-{step}", self.split), samples, summary)
+        out = {f"eval/{k}": float(v) for k, v in metrics.items() if v is not None}
+        out["time/eval"] = seconds
+        return out
+
+    def _sample(self, settings: EvalSettings, *, seed: int) -> list[dict]:
+        import torch
+
+        from grpocli.generation.base import Sampling
+
+        r = self.recipe
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return sample_and_score(self.backend, self.tokenizer, self.rows, self.reward_fns, settings,
+                                    Sampling.from_section(r.generation), prompt_column=r.data.prompt_column,
+                                    combination=r.algorithm.reward_combination, indices=self.indices)
+
+    def _is_main(self) -> bool:
+        return self.accelerator is None or self.accelerator.is_main_process
+
+    def _gather(self, samples: list[dict]) -> list[dict]:
+        if self.accelerator is None or self.accelerator.num_processes == 1:
+            return samples
+        from accelerate.utils import gather_object
+
+        return sorted(gather_object(samples), key=lambda s: (s["prompt_index"], s["sample"]))
