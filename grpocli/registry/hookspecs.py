@@ -7,8 +7,13 @@ pyproject.toml::
     countdown = "grpo_countdown.plugin"
 
 and holding functions marked ``@grpocli.hookimpl`` whose names are hooks below. Each hook
-receives a ``register`` callback; call it once per thing the plugin provides. Hooks are
-always called with keyword arguments, so a plugin may accept only the ones it needs.
+receives a ``register`` callback; call it once per thing the plugin provides.
+
+grpo calls every hook through pluggy, with keyword arguments, one plugin at a time. pluggy
+passes an implementation only the arguments it declares, so an implementation may declare
+any subset of its hook's arguments (``def register_rewards(): ...`` is valid), and a hook may
+gain arguments in a later grpo without breaking the plugins written before. An implementation
+that declares an argument its hook does not have is refused when the plugin loads.
 Built-in rewards, datasets and curricula register through these same hooks.
 """
 
@@ -40,6 +45,11 @@ def register_rewards(register: Register) -> None:
     completion, and the recipe's ``[[rewards]] args`` arrive as keyword arguments too. Return
     one float per completion, or None where the reward does not apply. ``async def`` works.
     Names are namespaced by convention: ``"countdown.equation"``.
+
+    The args a reward accepts are its named keyword parameters (other than ``prompts``,
+    ``completions`` and ``completion_ids``) plus those it declares with
+    ``@grpocli.recipe_args("name", ...)``, which is how a reward that reads an arg through
+    ``**kwargs`` says so; a recipe that sets any other arg is refused before a model loads.
     """
 
 

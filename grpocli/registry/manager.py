@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
+from typing import Any
 
 import pluggy
 
@@ -78,31 +79,44 @@ def load_plugins(extra: list[tuple[str, object]] | None = None) -> Plugins:
 
 
 def _register(pm: pluggy.PluginManager, plugins: Plugins, obj: object, info: PluginInfo) -> None:
+    """Add one plugin to the manager, then call its hooks (only its own) to fill the registries."""
     if pm.is_registered(obj):
         return
     try:
         pm.register(obj, name=info.name)
     except (ValueError, pluggy.PluginValidationError) as exc:
+        newer = isinstance(exc, pluggy.PluginValidationError)  # e.g. written for a later hook argument
         raise UserError(
             f"plugin {info.name!r} ({info.distribution}) could not be registered: {exc}",
-            valid="hook functions named as in grpocli.registry.hookspecs",
-            hint="run `grpo inspect plugins` with GRPO_DISABLE_PLUGIN_AUTOLOAD=1 to go on without it",
+            valid="hook functions named as in grpocli.registry.hookspecs, each declaring a subset "
+            "of that hook's arguments",
+            hint=("pip install -U grpocli if the plugin needs a newer grpo, or " if newer else "")
+            + "set GRPO_DISABLE_PLUGIN_AUTOLOAD=1 to go on without it",
         ) from None
     plugins.loaded.append(info)
     for attr in KINDS:
-        impls = [i for i in getattr(pm.hook, f"register_{attr}").get_hookimpls() if i.plugin is obj]
-        for impl in impls:
-            register = getattr(plugins, attr).registrar(info.name, info.distribution)
-            try:
-                impl.function(register=register)
-            except UserError:
-                raise
-            except Exception as exc:  # a plugin's own bug: name it
-                raise UserError(
-                    f"plugin {info.name!r} ({info.distribution}) failed in register_{attr}: "
-                    f"{type(exc).__name__}: {exc}",
-                    hint="fix or uninstall the plugin, or set GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
-                ) from None
+        register = getattr(plugins, attr).registrar(info.name, info.distribution)
+        _call_hook(pm, obj, f"register_{attr}", info, register=register)
+
+
+def _call_hook(pm: pluggy.PluginManager, obj: object, hook: str, info: PluginInfo, **kwargs: Any) -> None:
+    """Call ``hook`` of plugin ``obj`` alone, through pluggy, with keyword arguments.
+
+    pluggy hands each implementation only the arguments it declares, so an implementation may
+    take any subset of the hook's arguments and a hook may gain arguments later. Calling one
+    plugin at a time lets each ``register`` callback know which plugin registered a name.
+    """
+    others = [p for p in pm.get_plugins() if p is not obj]
+    caller = pm.subset_hook_caller(hook, remove_plugins=others)
+    try:
+        caller(**kwargs)
+    except UserError:
+        raise
+    except Exception as exc:  # a plugin's own bug: name it
+        raise UserError(
+            f"plugin {info.name!r} ({info.distribution}) failed in {hook}: {type(exc).__name__}: {exc}",
+            hint="fix or uninstall the plugin, or set GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
+        ) from None
 
 
 def _selected_entry_points() -> list[metadata.EntryPoint]:

@@ -2,8 +2,9 @@
 
 Every function has TRL's reward contract ``fn(prompts, completions, **kwargs) -> list[float |
 None]``: dataset columns arrive by name (one value per completion) together with the recipe's
-``[[rewards]] args``; unknown keywords are ignored. ``recipe_args`` on a function lists the
-args it reads, so a misspelt arg in a recipe is an error instead of a silent default.
+``[[rewards]] args``; unknown keywords are ignored. The args of a built-in are its named
+keyword parameters; the columns it reads come through ``**kwargs``, so that a recipe arg
+named like a column is refused (``grpocli.rewards.arguments``) instead of taken for one.
 Light imports only: math-verify is imported where it is used.
 """
 
@@ -25,17 +26,6 @@ TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 MATH_VERIFY_TIMEOUT_S = 5
 
 
-def recipe_args(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark the ``[[rewards]] args`` a reward reads (checked by ``grpocli.rewards.resolve``)."""
-
-    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.recipe_args = frozenset(names)  # type: ignore[attr-defined]
-        return fn
-
-    return mark
-
-
-@recipe_args()
 def format_strict(prompts: list, completions: list, **kwargs: Any) -> list[float]:
     """1.0 when the completion is exactly <think>\\n...\\n</think>\\n<answer>\\n...\\n</answer> (DeepSeek-R1)."""
     out = []
@@ -46,13 +36,11 @@ def format_strict(prompts: list, completions: list, **kwargs: Any) -> list[float
     return out
 
 
-@recipe_args()
 def format_soft(prompts: list, completions: list, **kwargs: Any) -> list[float]:
     """1.0 when <think>...</think> is followed by <answer>...</answer> anywhere (TRL's soft format)."""
     return [1.0 if SOFT_FORMAT.search(completion_text(c)) else 0.0 for c in completions]
 
 
-@recipe_args()
 def format_answer_tag(prompts: list, completions: list, **kwargs: Any) -> list[float]:
     """1.0 when the completion holds exactly one <answer>...</answer>."""
     out = []
@@ -63,7 +51,6 @@ def format_answer_tag(prompts: list, completions: list, **kwargs: Any) -> list[f
     return out
 
 
-@recipe_args("min_steps")
 def reasoning_steps(prompts: list, completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:
     """Share of min_steps step markers found ('Step 1:', '1.', bullets, 'First,'), capped at 1 (open-r1)."""
     if min_steps < 1:
@@ -71,7 +58,6 @@ def reasoning_steps(prompts: list, completions: list, min_steps: int = 3, **kwar
     return [min(1.0, len(STEP_MARKERS.findall(completion_text(c))) / min_steps) for c in completions]
 
 
-@recipe_args("target", "normalize", "target_length")
 def length(
     prompts: list,
     completions: list,
@@ -99,9 +85,9 @@ def length(
     return [-abs(target - len(completion_text(c))) / scale for c in completions]
 
 
-@recipe_args()
-def arithmetic_exact(prompts: list, completions: list, answer: list | None = None, **kwargs: Any) -> list[float | None]:
+def arithmetic_exact(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
     """1.0 when the last integer of the completion (inside <answer> if present) equals the answer column."""
+    answer = kwargs.get("answer")
     if answer is None:
         raise _missing_column("arithmetic.exact", "answer", kwargs)
     out: list[float | None] = []
@@ -117,20 +103,19 @@ def arithmetic_exact(prompts: list, completions: list, answer: list | None = Non
     return out
 
 
-@recipe_args("format_score")
 def countdown_equation(
     prompts: list,
     completions: list,
-    nums: list | None = None,
-    target: list | None = None,
     format_score: float = 0.1,
     **kwargs: Any,
 ) -> list[float]:
     """Countdown (TinyZero): 1.0 for an equation using each of nums once that equals target.
 
-    The answer is the <answer> content, else the last line. An equation that uses the numbers
-    correctly but misses the target scores ``format_score``; anything else scores 0.0.
+    Reads the columns ``nums`` and ``target``. The answer is the <answer> content, else the
+    last line. An equation that uses the numbers correctly but misses the target scores
+    ``format_score``; anything else scores 0.0.
     """
+    nums, target = kwargs.get("nums"), kwargs.get("target")
     if nums is None or target is None:
         raise _missing_column("countdown.equation", "nums" if nums is None else "target", kwargs)
     out = []
@@ -146,7 +131,6 @@ def countdown_equation(
     return out
 
 
-@recipe_args("answer_column")
 def math_accuracy(
     prompts: list, completions: list, answer_column: str = "answer", **kwargs: Any
 ) -> list[float | None]:

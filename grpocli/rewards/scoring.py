@@ -20,9 +20,9 @@ from typing import Any, Callable, Literal
 
 from grpocli.errors import UserError
 from grpocli.rewards import invocation
-from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one, keyword_names
+from grpocli.rewards.arguments import RESERVED, check_reward_args
+from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
 
-RESERVED = ("prompts", "completions", "completion_ids")
 VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
 MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
 MAX_SECONDS_TO_LOCATE = 30.0
@@ -116,7 +116,9 @@ def reward_metrics(scores: Scores) -> dict[str, float]:
 def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
     """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error).
 
-    A name repeated with other args gets a label ``name#2``, ``name#3``... so metrics stay apart.
+    UserError for an unknown name, a weight that is not finite, an unknown on_error, or an arg
+    the reward does not accept (``grpocli.rewards.arguments``). A name repeated with other args
+    gets a label ``name#2``, ``name#3``... so metrics stay apart.
     """
     out, seen = [], Counter()
     for i, spec in enumerate(specs):
@@ -134,18 +136,7 @@ def _check_spec(i: int, spec: Any, fn: Callable[..., Any]) -> None:
                         valid="a finite number")
     if spec.on_error not in ("raise", "none"):
         raise UserError(f"on_error is {spec.on_error!r}", where=f"rewards[{i}].on_error", valid='"raise", "none"')
-    declared = getattr(fn, "recipe_args", None)
-    if declared is None:
-        declared = keyword_names(fn)  # None: takes **kwargs, so any arg may be read
-    for key in spec.args:
-        if key in RESERVED or (declared is not None and key not in declared):
-            valid = sorted(set(declared or ()) - set(RESERVED))
-            raise UserError(
-                f"reward {spec.name!r} takes no argument {key!r}",
-                where=f"rewards[{i}].args.{key}",
-                valid=", ".join(valid) or "(this reward takes no args)",
-                hint="fix the arg's name, or leave it out",
-            )
+    check_reward_args(i, spec.name, fn, spec.args)
 
 
 def _check_batch(fns, prompts, completions, columns, completion_ids, combination) -> None:

@@ -62,6 +62,37 @@ def test_unknown_reward(grpo):
     assert_clean_error(out, "rewards[0].name", 'did you mean "length"', "grpo inspect plugins")
 
 
+def test_misspelt_arg_of_a_builtin_reward(grpo):
+    out = grpo("train", "quickstart", 'rewards=[{name="length", args={targt=8}}]', "--dry-run")
+    assert_clean_error(out, "rewards[0].args.targt", "reward 'length' takes no argument 'targt'",
+                       'did you mean "target"', "valid: normalize, target, target_length")
+
+
+def test_arg_of_a_kwargs_reward_must_be_declared(grpo, tmp_path):
+    env = make_plugin_dist(tmp_path / "site", "grpo-kw", "grpo_kw_plugin", """
+        import grpocli
+
+        def loose(prompts, completions, **kwargs):
+            return [float(kwargs.get("scale", 1))] * len(completions)
+
+        @grpocli.recipe_args("scale")
+        def declared(prompts, completions, **kwargs):
+            return [float(kwargs.get("scale", 1))] * len(completions)
+
+        @grpocli.hookimpl
+        def register_rewards(register):
+            register("test.loose", loose)
+            register("test.declared", declared)
+    """)
+    out = grpo("train", "quickstart", 'rewards=[{name="test.loose", args={scale=2}}]', "--dry-run", env=env)
+    assert_clean_error(out, "rewards[0].args.scale", "reward 'test.loose' takes no argument 'scale'",
+                       "valid: (this reward takes no args)", "@grpocli.recipe_args")
+    out = grpo("train", "quickstart", 'rewards=[{name="test.declared", args={scael=2}}]', "--dry-run", env=env)
+    assert_clean_error(out, "rewards[0].args.scael", "'test.declared'", "valid: scale")
+    ok = grpo("train", "quickstart", 'rewards=[{name="test.declared", args={scale=2}}]', "--dry-run", env=env)
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_unknown_dataset(grpo):
     out = grpo("train", "quickstart", "data.dataset=countdwn", "--dry-run")
     assert_clean_error(out, "data.dataset", 'did you mean "countdown"', "grpo inspect plugins")

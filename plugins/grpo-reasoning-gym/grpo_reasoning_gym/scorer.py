@@ -14,28 +14,27 @@ import json
 from functools import lru_cache
 from typing import Any
 
+import grpocli
 from grpocli.errors import UserError
 
 from grpo_reasoning_gym.tasks import create, task_name
 
 
-def score(
-    prompts: list,
-    completions: list,
-    rg_task: list[str],
-    rg_entry: list[str],
-    rg_config: list[str] | None = None,
-    rg_index: list[int] | None = None,
-    strict: bool = False,
-    **kwargs: Any,
-) -> list[float]:
+@grpocli.recipe_args("strict")
+def score(prompts: list, completions: list, **kwargs: Any) -> list[float]:
     """reasoning-gym's score of each completion's answer (1.0: correct); TRL's reward contract.
 
-    ``strict = true`` (in ``[[rewards]] args``) scores a completion without an
-    ``<answer>...</answer>`` tag 0.0 instead of scoring its whole text.
+    Reads the columns ``rg_task`` and ``rg_entry`` (and ``rg_config``, ``rg_index`` where
+    present) that the ``reasoning_gym`` dataset makes, through ``**kwargs``. Its one
+    ``[[rewards]] args`` key, declared with ``@grpocli.recipe_args``, is ``strict``: ``strict =
+    true`` scores a completion without an ``<answer>...</answer>`` tag 0.0 instead of scoring
+    its whole text. grpo refuses any other key.
     """
     from reasoning_gym.utils import extract_answer
 
+    rg_task, rg_entry = _column(kwargs, "rg_task"), _column(kwargs, "rg_entry")
+    rg_config, rg_index = kwargs.get("rg_config"), kwargs.get("rg_index")
+    strict = bool(kwargs.get("strict", False))
     scores = []
     for row, completion in enumerate(completions):
         where = f"reward reasoning_gym.score, row {row}"
@@ -73,6 +72,17 @@ def _entry(task: str, config: str, index: int) -> dict:
     return _dataset(task, config)[index]
 
 
+def _column(kwargs: dict[str, Any], name: str) -> list:
+    if kwargs.get(name) is None:
+        present = ", ".join(sorted(k for k in kwargs if k != "strict")) or "(none)"
+        raise UserError(
+            f"reward reasoning_gym.score needs the column {name!r}, which the batch does not have",
+            valid=f"columns present: {present}",
+            hint='use data.dataset = "reasoning_gym", whose rows carry rg_task and rg_entry',
+        )
+    return kwargs[name]
+
+
 def _row_entry(value: object, where: str) -> dict:
     if isinstance(value, dict):
         return value
@@ -95,7 +105,3 @@ def _text(completion: object) -> str:
     if isinstance(completion, list) and completion:
         return str(completion[-1].get("content", ""))
     return str(completion)
-
-
-#: The ``[[rewards]] args`` this reward reads, so grpo can refuse a misspelt one.
-score.recipe_args = frozenset({"strict"})  # type: ignore[attr-defined]

@@ -1,0 +1,80 @@
+"""The ``[[rewards]] args`` a reward accepts, and the check that refuses any other.
+
+A reward accepts as args its named keyword parameters (other than ``prompts``, ``completions``
+and ``completion_ids``, which grpo passes itself) plus the names its ``@grpocli.recipe_args``
+marker declares: the marker is how a reward that reads an arg through ``**kwargs`` says so.
+Any other key in a ``[[rewards]] args`` table is refused before a model loads, so a misspelt
+arg is an error instead of a silently used default.
+
+Light imports only: plugins reach this module through ``grpocli.recipe_args``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any, Callable, TypeVar
+
+from grpocli.errors import UserError, did_you_mean
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Keywords grpo passes to every reward itself; never ``[[rewards]] args``.
+RESERVED = ("prompts", "completions", "completion_ids")
+MARKER = "recipe_args"
+
+
+def recipe_args(*names: str) -> Callable[[F], F]:
+    """Declare ``[[rewards]] args`` that a reward reads through ``**kwargs``.
+
+    ``@grpocli.recipe_args("scale", "mode")`` on ``def fn(prompts, completions, **kwargs)``
+    lets a recipe set ``args = {scale = 2, mode = "strict"}``. Named keyword parameters are
+    accepted without it; the names add to them.
+    """
+    bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or n in RESERVED]
+    if bad:
+        raise TypeError(f"recipe_args takes argument names (identifiers other than {', '.join(RESERVED)}), "
+                        f"got {bad!r}")
+
+    def mark(fn: F) -> F:
+        setattr(fn, MARKER, frozenset(names))
+        return fn
+
+    return mark
+
+
+def accepted_args(fn: Callable[..., Any]) -> set[str]:
+    """The arg names ``fn`` accepts: named keyword parameters plus its ``recipe_args``."""
+    return (_named_parameters(fn) | _declared(fn)) - set(RESERVED)
+
+
+def check_reward_args(index: int, name: str, fn: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """UserError for the first key of ``args`` (entry ``index`` of [[rewards]]) that ``fn`` does not accept."""
+    accepted = accepted_args(fn)
+    for key in args:
+        if key not in accepted:
+            raise UserError(
+                f"reward {name!r} takes no argument {key!r}{did_you_mean(key, accepted)}",
+                where=f"rewards[{index}].args.{key}",
+                valid=", ".join(sorted(accepted)) or "(this reward takes no args)",
+                hint="fix the arg's name, or leave it out; a reward that reads args through **kwargs "
+                'declares them with @grpocli.recipe_args("name", ...)',
+            )
+
+
+def _named_parameters(fn: Callable[..., Any]) -> set[str]:
+    """Names ``fn`` takes as keywords (not ``**kwargs``); empty when it has no signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins and C callables have none
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _declared(fn: Callable[..., Any]) -> frozenset[str]:
+    """The names of ``fn``'s marker (also through functools.partial), or none."""
+    marker = getattr(fn, MARKER, None)
+    if marker is None and isinstance(fn, functools.partial):
+        marker = getattr(fn.func, MARKER, None)
+    return frozenset(marker or ())
