@@ -21,3 +21,21 @@ def run_grpo(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
         [sys.executable, "-m", "grpocli.cli.app", *args],
         capture_output=True, text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout,
     )
+
+
+def install_plugin(source: Path, target: Path) -> Path:
+    """``pip install --target`` of a plugin distribution (no deps, no index, no build isolation),
+    so the test environment's own site-packages stay as they are; skips without pip or hatchling."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("pip") is None:
+        pytest.skip("pip is not installed in this environment")
+    if importlib.util.find_spec("hatchling") is None:
+        pytest.skip("hatchling (the plugin's build backend) is not installed: pip install hatchling")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
+           "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return target

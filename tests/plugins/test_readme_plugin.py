@@ -5,7 +5,6 @@ touched), and `grpo` then lists the plugin and trains with its reward.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_runner import install_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### Rewards and datasets are plugins"
@@ -50,21 +50,13 @@ def test_readme_blocks_are_the_whole_files() -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``pip install --target`` of the README's plugin (no deps, no index, no build isolation)."""
-    if importlib.util.find_spec("pip") is None:
-        pytest.skip("pip is not installed in this environment")
-    if importlib.util.find_spec("hatchling") is None:
-        pytest.skip("hatchling (the plugin's build backend) is not installed: pip install hatchling")
+    """The README's plugin, exactly as written there, installed with ``pip install --target``."""
     root = tmp_path_factory.mktemp("readme_plugin")
-    pkg, site = root / "pkg", root / "site"
+    pkg = root / "pkg"
     pkg.mkdir()
     (pkg / "my_plugin.py").write_text(readme_block("# my_plugin.py"))
     (pkg / "pyproject.toml").write_text(readme_block("# pyproject.toml"))
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
-           "--disable-pip-version-check", "--quiet", "--target", str(site), str(pkg)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return site
+    return install_plugin(pkg, root / "site")
 
 
 def grpo(site: Path, *args: str) -> subprocess.CompletedProcess:

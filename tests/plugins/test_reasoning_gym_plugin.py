@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_runner import install_plugin
 
 from grpocli.errors import UserError
 
@@ -26,17 +27,8 @@ COLUMNS = ("rg_task", "rg_entry", "rg_config", "rg_index")
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``pip install --target`` of the plugin (no deps, no index, no build isolation)."""
-    if importlib.util.find_spec("pip") is None:
-        pytest.skip("pip is not installed in this environment")
-    if importlib.util.find_spec("hatchling") is None:
-        pytest.skip("hatchling (the plugin's build backend) is not installed: pip install hatchling")
-    target = tmp_path_factory.mktemp("site")
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
-           "--disable-pip-version-check", "--quiet", "--target", str(target), str(PLUGIN_DIR)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return target
+    """The plugin installed with ``pip install --target`` (cli_runner.install_plugin)."""
+    return install_plugin(PLUGIN_DIR, tmp_path_factory.mktemp("site"))
 
 
 def _run(target: Path, args: list[str]) -> subprocess.CompletedProcess:
