@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from cli_runner import run_grpo
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,15 +1,21 @@
 """Group-relative advantages, zero-spread groups and DAPO's soft overlong penalty.
 
 Rewards arrive as `[B, G]`: B prompts, G completions (the group) per prompt, all finite.
-Every advantage variant centers by the group mean (DeepSeekMath's GRPO, arXiv:2402.03300);
-they differ only in what they divide by. The scales follow TRL's `GRPOTrainer`
-(`scale_rewards` = "group" | "batch" | "none"): the *unbiased* standard deviation
-(`torch.std`, Bessel's correction) and `eps = 1e-4` added to it.
+Every advantage estimator uses the group as its baseline (DeepSeekMath's GRPO, arXiv:2402.03300);
+they differ in the baseline (group mean, or leave-one-out mean) and in what they divide by.
+The scales follow TRL's `GRPOTrainer` (`scale_rewards` = "group" | "batch" | "none"): the
+*unbiased* standard deviation (`torch.std`, Bessel's correction) and `eps = 1e-4` added to it.
+
+Every entry of `ADVANTAGES` has the same signature,
+`fn(rewards [B, G], eps=STD_EPS, *, components=None, weights=None) -> [B, G]`:
+`components [B, G, R]` are the R rewards' own (unweighted) values, None/NaN counted as 0, and
+`weights [R]` their recipe weights. Only the estimators named in `NEEDS_COMPONENTS` read them;
+the others take the weighted total `rewards` only and ignore both.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -21,45 +27,152 @@ def _centered(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - rewards.mean(dim=1, keepdim=True)  # [B, G]
 
 
-def group_scaled_advantages(rewards: torch.Tensor, eps: float = STD_EPS) -> torch.Tensor:
+def _group_std(values: torch.Tensor) -> torch.Tensor:
+    """Unbiased std over dim 1 (the group), kept as a size-1 dim; 0 where G == 1 (TRL)."""
+    if values.shape[1] > 1:
+        return values.std(dim=1, keepdim=True)
+    return torch.zeros_like(values[:, :1])
+
+
+def _whiten(values: torch.Tensor, eps: float) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` over every element; the std is unbiased, 0 for one element."""
+    std = values.std() if values.numel() > 1 else values.new_zeros(())  # []
+    return (values - values.mean()) / (std + eps)
+
+
+def group_scaled_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """GRPO (DeepSeekMath, arXiv:2402.03300): `(r - mean_g) / (std_g + eps)` per group.
 
     `std_g` is the unbiased std over the G completions of one prompt, as TRL's
     `scale_rewards="group"`; with G == 1 it is taken as 0 (the advantage is then 0).
+    `components` and `weights` are ignored.
     """
+    del components, weights
     rewards = rewards.float()  # [B, G]
-    if rewards.shape[1] > 1:
-        std = rewards.std(dim=1, keepdim=True)  # [B, 1]
-    else:
-        std = torch.zeros_like(rewards[:, :1])
-    return _centered(rewards) / (std + eps)
+    return _centered(rewards) / (_group_std(rewards) + eps)
 
 
-def batch_scaled_advantages(rewards: torch.Tensor, eps: float = STD_EPS) -> torch.Tensor:
+def batch_scaled_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Center by the group mean, divide by the std of all rewards in the batch.
 
     TRL's `scale_rewards="batch"` (Liu et al., "Part I: Tricks or Traps?", arXiv:2508.08221):
     the std is the unbiased std of the raw rewards over all B*G completions.
+    `components` and `weights` are ignored.
     """
+    del components, weights
     rewards = rewards.float()  # [B, G]
     std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())  # []
     return _centered(rewards) / (std + eps)
 
 
-def centered_advantages(rewards: torch.Tensor, eps: float = STD_EPS) -> torch.Tensor:
+def centered_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", arXiv:2503.20783): `r - mean_g`.
 
     No division, which removes the difficulty bias of the std; `eps` is accepted and unused.
+    The same numbers as open-instruct's `advantage_normalization_type="centered"`, which is
+    this function under the recipe name "centered". `components` and `weights` are ignored.
     """
-    del eps
+    del eps, components, weights
     return _centered(rewards.float())
+
+
+def rloo_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """RLOO (Ahmadian et al., "Back to Basics", arXiv:2402.14740; TRL's `RLOOTrainer`).
+
+    The baseline of completion i is the mean of the *other* G - 1 rewards of its group:
+    `A_i = r_i - (sum_g - r_i) / (G - 1)`, which equals `G / (G - 1) * (r_i - mean_g)`.
+    No division by a std (TRL's `normalize_advantages=False`, its default). Needs G >= 2
+    (`generation.num_generations` is >= 2); with G == 1 the advantage is 0, as in TRL.
+    `eps`, `components` and `weights` are ignored.
+    """
+    del eps, components, weights
+    rewards = rewards.float()  # [B, G]
+    g = rewards.shape[1]
+    if g < 2:
+        return torch.zeros_like(rewards)
+    baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (g - 1)  # [B, G]
+    return rewards - baseline
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE++ with baseline (Hu et al., arXiv:2501.03262; verl's `reinforce_plus_plus_baseline`).
+
+    First the group mean is subtracted (`c = r - mean_g`), then `c` is whitened over the whole
+    batch: `(c - mean(c)) / (std(c) + eps)`, mean and unbiased std over all B*G completions.
+    Differences from verl's `compute_reinforce_plus_plus_baseline_outcome_advantage`: verl
+    whitens the per-token copies of `c` (`masked_whiten` over response tokens, so a long
+    completion weighs more in the batch mean and std) and divides by `sqrt(var + 1e-8)`; here
+    each completion counts once, as in the paper's formula, and `eps` is added to the std like
+    the other entries. `components` and `weights` are ignored.
+    """
+    del components, weights
+    return _whiten(_centered(rewards.float()), eps)
+
+
+def normalize_then_sum_advantages(
+    rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """GDPO (Liu et al., NVIDIA, "GDPO: Group reward-Decoupled Normalization Policy Optimization
+    for Multi-reward RL Optimization", arXiv:2601.05242; NVlabs/GDPO's TRL implementation).
+
+    Per reward k, normalised within its group on its own unweighted values:
+    `n_k = (r_k - mean_g r_k) / (std_g r_k + eps)` (unbiased std, 0 for G == 1); then the weighted
+    sum `s = sum_k w_k * n_k`; then, as in the paper, batch-wise normalisation of the sum
+    `(s - mean(s)) / (std(s) + eps)` over all B*G completions (unbiased std), which keeps the scale
+    from growing with the number of rewards.
+
+    `components [B, G, R]`: each reward's values (NaN, i.e. a reward that returned None, counted
+    as 0, as NVlabs' `nan_to_num`); `weights [R]` (default all 1). The weights are applied after
+    the group normalisation: normalising weighted values would cancel them. The training loop
+    passes DAPO's overlong penalty (added to the total only) as one more component with weight 1,
+    so nothing in `rewards` is lost. Without `components` the total `rewards` is the single
+    component (group normalisation, then batch whitening). Unlike NVlabs' code, one reward is not
+    sent back to plain GRPO: the same steps apply to any R.
+    """
+    rewards = rewards.float()  # [B, G]
+    if components is None:
+        values = rewards.unsqueeze(-1)  # [B, G, 1]
+    else:
+        values = torch.nan_to_num(components.float(), nan=0.0)  # [B, G, R]
+        if values.dim() != 3 or values.shape[:2] != rewards.shape:
+            raise ValueError(f"components must be [B, G, R] = [{rewards.shape[0]}, {rewards.shape[1]}, R], "
+                             f"got {list(values.shape)}")
+    r = values.shape[-1]
+    w = values.new_ones(r) if weights is None else torch.as_tensor(weights, dtype=torch.float32)  # [R]
+    if w.shape != (r,):
+        raise ValueError(f"weights must have one entry per component ({r}), got {list(w.shape)}")
+    normed = (values - values.mean(dim=1, keepdim=True)) / (_group_std(values) + eps)  # [B, G, R]
+    return _whiten((normed * w).sum(dim=-1), eps)  # [B, G]
 
 
 ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
     "group": group_scaled_advantages,
     "batch": batch_scaled_advantages,
     "none": centered_advantages,
+    "centered": centered_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+    "normalize_then_sum": normalize_then_sum_advantages,
 }
+
+#: The entries that read each reward's values (`components=`, `weights=`), not only the total.
+NEEDS_COMPONENTS = frozenset({"normalize_then_sum"})
 
 
 def zero_spread_groups(rewards: torch.Tensor, atol: float = 1e-6) -> torch.Tensor:

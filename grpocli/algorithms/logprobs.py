@@ -105,6 +105,16 @@ def token_entropy(
     return out
 
 
+def differentiable_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy per position with gradient, for an entropy bonus in the loss: `[N, T, V]` -> `[N, T]`.
+
+    Unlike `token_entropy` it keeps the float32 softmax of every position for backward; use it only
+    when the loss has an entropy term.
+    """
+    logp = torch.log_softmax(_upcast(logits, temperature), dim=-1)  # [N, T, V]
+    return -(logp.exp() * logp).sum(-1)
+
+
 def logprobs_from_model(
     model: torch.nn.Module,
     input_ids: torch.Tensor,

@@ -1,8 +1,7 @@
-"""The clipped policy surrogate and the four ways GRPO variants aggregate it into one number.
+"""How each loss aggregates its per-token objective into one number: `LOSSES[algorithm.loss]`.
 
-Per-token loss: PPO's clipped objective (Schulman et al., arXiv:1707.06347) with GRPO's
-group advantages (DeepSeekMath, arXiv:2402.03300) and DAPO's decoupled clip range
-(`epsilon_low` / `epsilon_high`, "clip-higher", arXiv:2503.14476), as TRL's `GRPOTrainer`.
+The per-token objectives are in grpocli.algorithms.surrogates (`SURROGATES`, same keys);
+`clipped_surrogate` here is the plain PPO/GRPO one with explicit arguments.
 
 Aggregation (TRL's `loss_type`; verl's `loss_agg_mode`), written so that a micro-batch returns
 its *contribution*: summing the contributions of all micro-batches on all processes gives the
@@ -35,7 +34,8 @@ def clipped_surrogate(
     epsilon_low: float,
     epsilon_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)` per token.
+    """`-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)` per token (PPO, arXiv:1707.06347;
+    GRPO, arXiv:2402.03300; DAPO's decoupled range, arXiv:2503.14476).
 
     `logp`, `old_logp`: `[N, T]` log-probabilities of the sampled tokens under the policy being
     trained and the policy that sampled them (pass `logp.detach()` when they are the same, as
@@ -65,6 +65,8 @@ class LossNorm:
     num_micro_batches: micro-batches in the batch, all processes together (bnpo).
     world_size: processes whose gradients DDP averages; back-propagate
         `contribution * world_size` to undo that averaging. Not used by the aggregations.
+    token_mean_tokens: what the token-mean losses (dapo, cispo, vespo) divide by, when it is
+        not num_tokens: TRL divides by the generation batch's tokens / steps_per_generation.
     """
 
     num_sequences: int
@@ -72,6 +74,7 @@ class LossNorm:
     max_completion_length: int
     num_micro_batches: int
     world_size: int = 1
+    token_mean_tokens: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_sequences", "max_completion_length", "num_micro_batches", "world_size"):
@@ -110,8 +113,17 @@ def dr_grpo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: LossNor
 
 def dapo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
     """DAPO token-level loss (arXiv:2503.14476; TRL `loss_type="dapo"`, verl "token-mean"):
-    `sum l / num_tokens`, the mean over every active token of the batch (0 when none)."""
-    return _masked(per_token_loss, mask).sum() / max(norm.num_tokens, 1)
+    `sum l / num_tokens`, the mean over every active token of the batch (0 when none); TRL's
+    cispo and vespo aggregate the same way. `norm.token_mean_tokens`, when set, replaces num_tokens."""
+    tokens = norm.token_mean_tokens if norm.token_mean_tokens is not None else norm.num_tokens
+    return _masked(per_token_loss, mask).sum() / max(tokens, 1)
+
+
+def luspo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
+    """LUSPO (Length-Unbiased Sequence Policy Optimization, arXiv:2602.05261; TRL
+    `loss_type="luspo"`): each sequence's token *sum* (GSPO's sequence loss scaled by its
+    length), averaged over sequences: `sum l / num_sequences`."""
+    return _masked(per_token_loss, mask).sum() / norm.num_sequences
 
 
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]] = {
@@ -119,4 +131,8 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, LossNorm], torch.Tensor]
     "bnpo": bnpo_loss,
     "dr_grpo": dr_grpo_loss,
     "dapo": dapo_loss,
+    "cispo": dapo_loss,   # MiniMax-M1's objective (surrogates.cispo_surrogate), token mean
+    "sapo": grpo_loss,    # SAPO's soft gate (surrogates.sapo_surrogate), sequence mean of token means
+    "luspo": luspo_loss,
+    "vespo": dapo_loss,   # VESPO's gamma weight (surrogates.vespo_surrogate), token mean
 }

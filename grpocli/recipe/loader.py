@@ -6,12 +6,12 @@ Every value remembers where it came from (`Resolved.sources`), so errors and
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import EnvSettingsSource
 

@@ -1,7 +1,7 @@
 """The recipe schema: every option of a run, declared once with its type, bounds and description.
 
 Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
-Imports only its sibling modules (section.py, eval_section.py).
+Imports only its sibling modules (section.py, algorithm_section.py, eval_section.py).
 """
 
 from __future__ import annotations
@@ -11,16 +11,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from grpocli.recipe.algorithm_section import AlgorithmSection
 from grpocli.recipe.eval_section import EvalSection
 from grpocli.recipe.section import Section
-
-#: verl's loss_agg_mode names, accepted where they coincide with ours.
-LOSS_ALIASES = {
-    "seq-mean-token-mean": "grpo",
-    "token-mean": "dapo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-LossName = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 
 
 class TinyModel(Section):
@@ -134,59 +127,6 @@ class GenerationSection(Section):
     )
 
 
-class OverlongPenalty(Section):
-    buffer_length: int = Field(
-        0, ge=0, description="DAPO soft overlong punishment: length buffer in tokens (0: off)."
-    )
-    penalty: float = Field(1.0, ge=0.0, description="Largest penalty, reached at the maximum length.")
-
-
-class AlgorithmSection(Section):
-    loss: LossName = Field(
-        "dapo",
-        description="Loss aggregation: grpo (mean of per-sequence token means), bnpo (token mean "
-        "per micro-batch), dr_grpo (sum / (max_completion_length x sequences)), dapo (token mean "
-        "over the whole batch). verl names accepted: seq-mean-token-mean, token-mean, "
-        "seq-mean-token-sum-norm.",
-    )
-    advantage_scale: Literal["group", "batch", "none"] = Field(
-        "group",
-        description="Divide centered rewards by the group std, the batch std, or nothing (Dr. GRPO).",
-    )
-    epsilon_low: float = Field(0.2, ge=0.0, le=10.0, description="Lower clip: ratio >= 1 - epsilon_low.")
-    epsilon_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + epsilon_high (DAPO: 0.28).")
-    num_iterations: int = Field(1, ge=1, le=64, description="Updates per generation batch (mu).")
-    beta: float = Field(0.0, ge=0.0, description="KL coefficient; 0 loads no reference model.")
-    kl_estimator: Literal["k1", "k2", "k3", "abs"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3).")
-    ref_sync_steps: int = Field(0, ge=0, description="Refresh the reference model every N steps (0: never).")
-    ref_sync_alpha: float = Field(
-        1.0, ge=0.0, le=1.0, description="Refresh mix: ref = alpha * policy + (1 - alpha) * ref."
-    )
-    mask_truncated_completions: bool = Field(
-        False, description="Leave completions cut at max_completion_length out of the loss."
-    )
-    overlong_penalty: OverlongPenalty = Field(default_factory=OverlongPenalty, description="DAPO's length penalty.")
-    drop_zero_spread_groups: bool = Field(
-        True, description="Leave groups whose rewards are all equal out of the loss (no signal)."
-    )
-    fill_batch: bool = Field(
-        False, description="Keep sampling prompts until the batch has no zero-spread groups (DAPO)."
-    )
-    max_fill_rounds: int = Field(4, ge=1, le=64, description="Extra generation rounds fill_batch may take.")
-    reward_combination: Literal["sum", "gated"] = Field(
-        "sum",
-        description="'sum': weighted sum of all rewards; 'gated': rewards without gate=true count "
-        "only where every gate reward is > 0.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _verl_names(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("loss") in LOSS_ALIASES:
-            data = {**data, "loss": LOSS_ALIASES[data["loss"]]}
-        return data
-
-
 class TrainSection(Section):
     output_dir: str = Field("runs/{recipe}", description="Run directory; {recipe} is the recipe's name.")
     resume: Literal["auto", "never"] | str = Field(
@@ -245,6 +185,10 @@ class LogSection(Section):
     )
 
 
+#: TRL's `vllm_importance_sampling_mode` names (grpocli.algorithms.IMPORTANCE_SAMPLING_MODES).
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
 class VllmSection(Section):
     server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo vllm-serve` listens.")
     server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
@@ -253,9 +197,57 @@ class VllmSection(Section):
     max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
     kv_cache_gb: float = Field(1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     importance_sampling_correction: bool = Field(
-        True, description="Truncated importance sampling against the engine's log-probs."
+        True, description="Importance sampling against the engine's log-probs (TRL's "
+        "vllm_importance_sampling_correction); importance_sampling_mode says how."
     )
-    importance_sampling_cap: float = Field(2.0, ge=1.0, description="Cap of the truncated IS ratio.")
+    importance_sampling_mode: ImportanceSamplingMode = Field(
+        "token_truncate",
+        description="How the ratio exp(trainer old log-prob - engine log-prob) weights the loss (TRL's "
+        "vllm_importance_sampling_mode): 'token_truncate' per-token ratio clamped to [clip_min, clip_max] "
+        "(ours, the default); 'token_mask' per-token ratio, 0 outside the bounds; 'sequence_truncate' / "
+        "'sequence_mask' one ratio per completion from the summed log-ratio, clamped / 0 outside the bounds. "
+        "TRL's default is 'sequence_mask' with clip_max 3.0.",
+    )
+    importance_sampling_clip_max: float | None = Field(
+        2.0, gt=0.0,
+        description="Upper bound C_max of the ratio (TRL's vllm_importance_sampling_clip_max, default 3.0 "
+        "there; ours 2.0): '*_truncate' clamps above it, '*_mask' zeroes above it. None or inf (TOML: inf): no bound.",
+    )
+    importance_sampling_clip_min: float | None = Field(
+        None, ge=0.0,
+        description="Lower bound C_min of the ratio (TRL's vllm_importance_sampling_clip_min): '*_truncate' "
+        "clamps below it, '*_mask' zeroes below it. None: no bound.",
+    )
+    importance_sampling_cap: float | None = Field(
+        None, gt=0.0,
+        description="Deprecated alias of importance_sampling_clip_max (as TRL's vllm_importance_sampling_cap); "
+        "a value given here is moved there.",
+    )
+
+    @model_validator(mode="after")
+    def _clip_bounds(self) -> VllmSection:
+        cap = self.importance_sampling_cap
+        if cap is not None:  # the deprecated name: move its value (through __dict__: no re-validation)
+            given = self.importance_sampling_clip_max
+            if "importance_sampling_clip_max" in self.model_fields_set and given != cap:
+                raise ValueError(
+                    f"importance_sampling_cap ({cap}) is the deprecated name of importance_sampling_clip_max "
+                    f"({given}); give only importance_sampling_clip_max"
+                )
+            self.__dict__["importance_sampling_clip_max"] = cap
+            self.__dict__["importance_sampling_cap"] = None
+        lo, hi = self.importance_sampling_clip_min, self.importance_sampling_clip_max
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(
+                f"importance_sampling_clip_min ({lo}) must be less than importance_sampling_clip_max ({hi})"
+            )
+        truncate = self.importance_sampling_mode.endswith("_truncate")
+        if self.importance_sampling_correction and truncate and lo is None and hi is None:
+            raise ValueError(
+                f"importance_sampling_mode = {self.importance_sampling_mode!r} clamps the ratio: set "
+                "importance_sampling_clip_max or importance_sampling_clip_min (or use a '*_mask' mode)"
+            )
+        return self
 
 
 class Recipe(BaseSettings):

@@ -10,10 +10,12 @@ every aggregation divides by whole-batch counts (LossNorm).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from grpocli.trainer.collectives import total
 from grpocli.trainer.packing import Layout, Sequence, build_rows
 from grpocli.trainer.rollouts import Rollouts
 
@@ -34,7 +36,7 @@ class MicroBatch:
     sequence_tokens: int = 0              # prompt + completion tokens of the n sequences, unpacked
     old_logp: torch.Tensor | None = None  # [n, T]
     ref_logp: torch.Tensor | None = None  # [n, T]
-    is_weight: torch.Tensor | None = None  # [n, T] truncated importance weight (engine -> trainer)
+    is_weight: torch.Tensor | None = None  # [n, T] (token modes) or [n, 1] (sequence modes): engine IS weight
 
     @property
     def num_tokens(self) -> int:
@@ -51,13 +53,51 @@ class MicroBatch:
         return self.input_ids.numel()
 
 
-def select_sequences(rollouts: Rollouts, mask_truncated: bool) -> list[int]:
-    """Rows that enter forward and backward: kept groups, non-zero advantage, not masked."""
-    keep = rollouts.keep.clone()  # [B*G]
-    if mask_truncated:
-        keep &= ~rollouts.truncated
-    keep &= rollouts.advantages != 0
-    return [int(i) for i in torch.nonzero(keep).flatten()]
+@dataclass
+class Selection:
+    """Which rows of a Rollouts enter the loss: those that need a forward pass, and those that
+    count in its normalisers but cannot move the gradient (no forward pass needed)."""
+
+    computed: list[int]
+    idle: list[int] = field(default_factory=list)
+    idle_tokens: int = 0   # loss tokens of the idle rows
+
+
+def select_sequences(rollouts: Rollouts, *, mask_truncated: bool = False, truncated_rows: str = "drop",
+                     skip_zero_advantage: bool = True) -> Selection:
+    """The rows of kept groups (whole zero-spread groups leave only when dropped upstream).
+
+    A truncated row under mask_truncated leaves every count ('drop': open-instruct, verl) or stays
+    in the sequence counts with no loss token ('count': TRL). With `skip_zero_advantage` (no KL or
+    entropy term, grpocli.trainer.step.LossSettings.zero_advantage_rows_matter), a row whose
+    advantage is 0 is counted with its tokens but not computed: its loss and gradient are 0.
+    """
+    out = Selection(computed=[])
+    for i in torch.nonzero(rollouts.keep).flatten().tolist():
+        if mask_truncated and bool(rollouts.truncated[i]):
+            if truncated_rows == "count":
+                out.idle.append(i)
+        elif skip_zero_advantage and float(rollouts.advantages[i]) == 0.0:
+            out.idle.append(i)
+            out.idle_tokens += len(rollouts.completion_ids[i])
+        else:
+            out.computed.append(i)
+    return out
+
+
+@dataclass
+class OptimizerBatch:
+    """What one optimizer step trains on, on this process."""
+
+    micro_batches: list[MicroBatch]
+    idle_sequences: int = 0                 # in the normalisers, not computed (Selection.idle)
+    idle_tokens: int = 0
+    token_mean_tokens: float | None = None  # all processes: what token-mean losses divide by, if not
+                                            # this step's loss tokens (TRL's generation-batch count)
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(mb.num_tokens for mb in self.micro_batches) + self.idle_tokens
 
 
 def make_micro_batches(
@@ -100,3 +140,29 @@ def _micro_batch(rollouts: Rollouts, seqs: list[Sequence], rows: list[int], layo
         loss_mask=laid.loss_mask, advantages=rollouts.advantages[index].float(), index=index,
         sequence_tokens=sum(len(p) + len(c) for _, p, c in seqs),
     )
+
+
+def optimizer_batches(accelerator: Any, rollouts: Rollouts, recipe: Any, settings: Any,
+                      layout: Layout) -> list[tuple[Rollouts, OptimizerBatch]]:
+    """Phase 5 before any log-prob pass: the generation batch cut into steps_per_generation slices
+    of whole groups; in each, the rows that enter the loss (computed or idle) in micro-batches;
+    with token_normalizer = "generation_batch", TRL's token count (the generation batch's loss
+    tokens over every process / steps_per_generation) for the token-mean losses. `settings` is
+    the step's LossSettings (it says whether zero-advantage rows need computing)."""
+    a, t = recipe.algorithm, recipe.train
+    n_slices = t.steps_per_generation
+    per = rollouts.num_prompts // n_slices
+    out = []
+    for k in range(n_slices):
+        part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))           # [B/S*G]
+        chosen = select_sequences(part, mask_truncated=a.mask_truncated_completions, truncated_rows=a.truncated_rows,
+                                  skip_zero_advantage=not settings.zero_advantage_rows_matter)
+        micro_batches = make_micro_batches(part, chosen.computed, max_sequences=t.micro_batch_size,
+                                           max_tokens=t.max_tokens_per_micro_batch, layout=layout)
+        out.append((part, OptimizerBatch(micro_batches, idle_sequences=len(chosen.idle),
+                                         idle_tokens=chosen.idle_tokens)))
+    if a.token_normalizer == "generation_batch":
+        tokens = total(accelerator, sum(batch.loss_tokens for _, batch in out)) / n_slices
+        for _, batch in out:
+            batch.token_mean_tokens = tokens
+    return out

@@ -23,22 +23,29 @@ from typing import Any
 
 import torch
 
-from grpocli.algorithms import ADVANTAGES, overlong_penalty, zero_spread_groups
+from grpocli.algorithms import overlong_penalty, zero_spread_groups
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Sampling
 from grpocli.recipe import Resolved
 from grpocli.rewards import score
-from grpocli.trainer.batching import MicroBatch, make_micro_batches, select_sequences
+from grpocli.trainer.advantages import compute_advantages
+from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
 from grpocli.trainer.cadence import is_due
 from grpocli.trainer.checkpoint import save_checkpoint
-from grpocli.trainer.collectives import fewest, gather_floats, total
-from grpocli.trainer.metrics import group_metrics, length_metrics, reward_summary, write_rollouts
+from grpocli.trainer.collectives import fewest, total
+from grpocli.trainer.metrics import (
+    group_metrics,
+    length_metrics,
+    reward_summary,
+    write_rollouts,
+)
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.packing import choose_layout
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.session import Session, TrainingStopped
 from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
+
 
 def train(resolved: Resolved) -> None:
     """Run `grpo train` in this process (one of several under `accelerate launch`)."""
@@ -69,7 +76,7 @@ class Slice:
     """One optimizer batch of the generation batch (phase 5)."""
 
     part: Rollouts                    # [B/S*G] its groups
-    micro_batches: list[MicroBatch]   # the sequences that enter the loss
+    batch: OptimizerBatch             # the micro-batches of the sequences that enter the loss
     mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
     seconds: float                    # its old-policy / reference log-prob passes
 
@@ -79,12 +86,7 @@ class Loop:
         self.s = s
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
-        self.settings = LossSettings(
-            loss=r.algorithm.loss, epsilon_low=r.algorithm.epsilon_low,
-            epsilon_high=r.algorithm.epsilon_high, beta=r.algorithm.beta,
-            kl_estimator=r.algorithm.kl_estimator, temperature=r.generation.temperature,
-            max_completion_length=r.generation.max_completion_length,
-        )
+        self.settings = LossSettings.from_recipe(r)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
                                             accelerator=s.accelerator, run_root=s.run.root)
         self.prefetch = None
@@ -101,7 +103,7 @@ class Loop:
             plan = [sl for _ in range(r.algorithm.num_iterations) for sl in slices][: r.train.steps - state.step]
             shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's work
             for k, sl in enumerate(plan):
-                stats = self.update(sl.micro_batches)                                 # 6
+                stats = self.update(sl.batch)                                 # 6
                 state.step += 1
                 state.num_tokens += batch.num_tokens if k == 0 else 0
                 self.maybe_refresh_reference()
@@ -190,50 +192,34 @@ class Loop:
 
     def advantages(self, rollouts: Rollouts) -> Rollouts:
         """Group-relative advantages over all processes' groups, then this process's slice."""
-        s, r = self.s, self.s.recipe
-        g = rollouts.group_size
-        everyone = gather_floats(s.accelerator, rollouts.rewards).view(-1, g)       # [W*B, G]
-        adv = ADVANTAGES[r.algorithm.advantage_scale](everyone)                     # [W*B, G]
-        b, rank = rollouts.num_prompts, s.accelerator.process_index
-        flat = zero_spread_groups(everyone)[rank * b : (rank + 1) * b]              # [B]
-        keep = ~flat if r.algorithm.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
-        rollouts.advantages = adv[rank * b : (rank + 1) * b].reshape(-1)            # [B*G]
-        rollouts.flat, rollouts.keep = flat, keep.repeat_interleave(g)              # [B], [B*G]
-        return rollouts
+        return compute_advantages(self.s.accelerator, rollouts, self.s.recipe, self.s.reward_fns)
 
     # -- phase 5 -------------------------------------------------------------------------
     def prepare(self, rollouts: Rollouts) -> list[Slice]:
         """steps_per_generation optimizer batches, each with the log-probs its loss needs."""
         s, r = self.s, self.s.recipe
         model = s.accelerator.unwrap_model(s.model)
-        n_slices = r.train.steps_per_generation
-        per = rollouts.num_prompts // n_slices
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
         out = []
-        for k in range(n_slices):
-            part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))       # [B/S*G]
-            batches = make_micro_batches(
-                part, select_sequences(part, r.algorithm.mask_truncated_completions),
-                max_sequences=r.train.micro_batch_size, max_tokens=r.train.max_tokens_per_micro_batch,
-                layout=choose_layout(model),
-            )
+        for part, batch in optimizer_batches(s.accelerator, rollouts, r, self.settings, choose_layout(model)):
             t0 = time.perf_counter()
+            batches = batch.micro_batches
             correct = r.vllm.importance_sampling_correction and part.engine_logprobs is not None
             if moves or correct:  # old log-probs: from the policy that generated, or for the engine's ratio
                 fill_logprobs(model, batches, self.settings.temperature, "old_logp")
             if s.reference is not None:
                 fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
-            sums = [importance_weights(part, batches, r.vllm.importance_sampling_cap)] if correct else []
+            sums = [importance_weights(part, batches, r.vllm)] if correct else []
             mismatch = mismatch_metrics(s.accelerator, sums) if correct else {}
-            out.append(Slice(part, batches, mismatch, time.perf_counter() - t0))
+            out.append(Slice(part, batch, mismatch, time.perf_counter() - t0))
         return out
 
     # -- phases 6-7 ----------------------------------------------------------------------
-    def update(self, micro_batches: list[MicroBatch]) -> dict[str, float]:
+    def update(self, batch: OptimizerBatch) -> dict[str, float]:
         """One optimizer step; its statistics (summed over processes), learning rate and time."""
         s, r = self.s, self.s.recipe
         t0 = time.perf_counter()
-        stats = optimizer_step(s.accelerator, s.model, s.optimizer, micro_batches, self.settings,
+        stats = optimizer_step(s.accelerator, s.model, s.optimizer, batch, self.settings,
                                max_grad_norm=r.train.max_grad_norm)
         lr = s.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skipped update still advances the schedule

@@ -1,18 +1,30 @@
-"""Engine log-probs into the loss: per-token truncated importance weights and their metrics."""
+"""Engine log-probs into the loss: importance weights (TRL's four modes) and their metrics."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms import mismatch_sums, truncated_importance_weights
+from grpocli.algorithms import IMPORTANCE_SAMPLING_MODES, mismatch_sums
 from grpocli.trainer.batching import MicroBatch
 from grpocli.trainer.rollouts import Rollouts
 
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import VllmSection
 
-def importance_weights(part: Rollouts, batches: list[MicroBatch], cap: float) -> dict[str, float]:
-    """Set `is_weight` on every micro-batch (old_logp must be filled); return the mismatch sums."""
+
+def importance_weights(part: Rollouts, batches: list[MicroBatch], vllm: VllmSection) -> dict[str, float]:
+    """Set `is_weight` on every micro-batch (old_logp must be filled); return the mismatch sums.
+
+    `is_weight` is `IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]` of the engine's
+    log-probs, bounded by `importance_sampling_clip_min/max`: `[n, T]` times the loss mask for the
+    `token_*` modes, `[n, 1]` (one weight per sequence, broadcast over its tokens; 0 for a
+    sequence with no loss token) for the `sequence_*` modes. The metrics are of the raw ratio.
+    """
+    weigh = IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]
+    lo, hi = vllm.importance_sampling_clip_min, vllm.importance_sampling_clip_max
+    per_sequence = vllm.importance_sampling_mode.startswith("sequence_")
     total = {"tokens": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "ratio_sum": 0.0,
              "ratio_min": float("inf"), "ratio_max": 0.0}
     for mb in batches:
@@ -20,7 +32,9 @@ def importance_weights(part: Rollouts, batches: list[MicroBatch], cap: float) ->
         for row, i in enumerate(mb.index.tolist()):
             values = part.engine_logprobs[i][: engine.shape[1]]
             engine[row, : len(values)] = torch.tensor(values, dtype=engine.dtype)
-        mb.is_weight = truncated_importance_weights(mb.old_logp, engine, cap) * mb.loss_mask
+        weights = weigh(mb.old_logp, engine, mb.loss_mask, lo, hi)  # [n, T] or [n, 1]
+        has_loss = (mb.loss_mask.sum(-1, keepdim=True) > 0).to(weights.dtype) if per_sequence else mb.loss_mask
+        mb.is_weight = weights * has_loss
         sums = mismatch_sums(mb.old_logp, engine, mb.loss_mask)
         for key in ("tokens", "gap_sum", "ratio_sum"):
             total[key] += sums[key]

@@ -47,3 +47,56 @@ def _check_combinations(recipe: Recipe) -> None:
             "(both choose the next prompts from the last rewards, which async generation has not seen yet)",
             where="generation.async_steps", valid="async_steps = 0, or fill_batch = false and no curriculum",
         )
+    a = recipe.algorithm
+    if a.advantage_scale == "normalize_then_sum" and a.reward_combination != "sum":
+        raise UserError(
+            "advantage_scale = 'normalize_then_sum' (GDPO) normalizes each reward and sums them with "
+            f"their weights, which reward_combination = {a.reward_combination!r} is not (gating is not a "
+            "weighted sum)",
+            where="algorithm.advantage_scale", valid="normalize_then_sum with reward_combination = 'sum'",
+            hint="set algorithm.reward_combination = \"sum\", or another algorithm.advantage_scale "
+            "(e.g. \"group\")",
+        )
+    _check_loss_combinations(recipe)
+
+
+#: Losses whose per-token objective is the clipped surrogate (delta and clip_ratio_c apply to them).
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+#: Losses that sum token terms: a sequence-level ratio would weigh each sequence by its length.
+TOKEN_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")
+
+
+def _check_loss_combinations(recipe: Recipe) -> None:
+    """Loss settings that each validate but make no sense together (TRL warns or refuses)."""
+    a, v = recipe.algorithm, recipe.vllm
+    if a.kl_estimator == "full":
+        raise UserError(
+            "kl_estimator = 'full' (verl's name) needs the reference model's whole next-token distribution "
+            "at every completion token, not the sampled tokens' log-probs; verl's own KL loss raises "
+            "NotImplementedError for it too", where="algorithm.kl_estimator",
+            valid="k1, k2, k3, abs, kl, mse, low_var_kl",
+            hint="set algorithm.kl_estimator = \"low_var_kl\" (verl's GRPO default) or \"k3\" (TRL, DeepSeekMath)")
+    if a.loss == "vespo" and a.importance_sampling_level != "token":
+        raise UserError(
+            "loss = 'vespo' computes its own sequence-level weight from the token ratios; a sequence-level "
+            "importance_sampling_level would be ignored", where="algorithm.importance_sampling_level",
+            valid="'token' with vespo", hint="set algorithm.importance_sampling_level = \"token\"")
+    if a.importance_sampling_level == "sequence" and a.loss in TOKEN_SUMS:
+        raise UserError(
+            f"importance_sampling_level = 'sequence' with loss = {a.loss!r} sums per-token terms, which "
+            "weighs each sequence by its length instead of optimising GSPO's per-sequence objective",
+            where="algorithm.importance_sampling_level",
+            valid="'sequence' with grpo (GSPO), sapo or luspo; 'token' with any loss",
+            hint="set algorithm.loss = \"grpo\" for GSPO (or \"luspo\"), or importance_sampling_level = \"token\"")
+    for key in ("delta", "clip_ratio_c"):
+        if getattr(a, key) is not None and a.loss not in CLIPPED:
+            raise UserError(
+                f"algorithm.{key} bounds the clipped surrogate, which loss = {a.loss!r} does not use",
+                where=f"algorithm.{key}", valid=f"a value with loss {', '.join(CLIPPED)}; none otherwise",
+                hint=f"remove algorithm.{key}, or pick one of those losses")
+    if (a.loss == "vespo" and v.importance_sampling_correction and recipe.generation.backend != "hf"
+            and v.importance_sampling_mode.startswith("sequence")):
+        raise UserError(
+            "loss = 'vespo' folds the engine's per-token importance weights into its sequence weight; it "
+            "needs a token-level correction (TRL refuses this too)", where="vllm.importance_sampling_mode",
+            valid="'token_truncate' or 'token_mask' with vespo", hint="set vllm.importance_sampling_mode = \"token_truncate\"")

@@ -17,7 +17,13 @@ class Progress:
         self.enabled = enabled and self.mode != "none"
         self._bar = None
         if self.enabled and self.mode == "rich":
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
                             TextColumn("{task.fields[info]}"), transient=False)

@@ -1,9 +1,10 @@
-"""One optimizer step over micro-batches: the clipped surrogate, KL, aggregation, backward, update.
+"""One optimizer step over micro-batches: the named loss, KL, aggregation, backward, update.
 
 Phases: global counts (the normalisers, over every process) -> per micro-batch: log-probs ->
-ratio and clipping -> KL -> engine importance weights -> named aggregation -> backward (gradients
-synced at the last) -> clip the global gradient norm -> optimizer step (skipped on a non-finite
-norm).
+importance ratio (token or sequence) -> the loss's per-token objective -> high-entropy token
+filter -> engine importance weights -> KL -> named aggregation -> entropy bonus -> backward
+(gradients synced at the last) -> clip the global gradient norm -> optimizer step (skipped on a
+non-finite norm). The order of the per-token terms is TRL 1.16's (`_compute_loss`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,25 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from grpocli.algorithms import KL_ESTIMATORS, LOSSES, LossNorm, clipped_surrogate, token_entropy, token_logprobs
-from grpocli.trainer.batching import MicroBatch
+from grpocli.algorithms import (
+    KL_ESTIMATORS,
+    LOSSES,
+    OWN_ENGINE_WEIGHTS,
+    SURROGATES,
+    LossNorm,
+    PolicyTerms,
+    SurrogateSettings,
+    high_entropy_mask,
+    importance_ratio,
+    token_entropy,
+    token_logprobs,
+)
+from grpocli.algorithms.logprobs import differentiable_entropy
+from grpocli.trainer.batching import MicroBatch, OptimizerBatch
 from grpocli.trainer.packing import model_attention_mask
 
 #: Sums accumulated over micro-batches and processes, turned into TRL's metric names.
@@ -26,6 +40,8 @@ STAT_KEYS = ("tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", 
 
 @dataclass(frozen=True)
 class LossSettings:
+    """The [algorithm] keys the loss reads (grpocli.recipe.algorithm_section documents them)."""
+
     loss: str
     epsilon_low: float
     epsilon_high: float
@@ -33,13 +49,46 @@ class LossSettings:
     kl_estimator: str
     temperature: float
     max_completion_length: int
+    importance_sampling_level: str = "token"
+    kl_importance_correction: bool = False
+    entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0
+    delta: float | None = None
+    clip_ratio_c: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+
+    @classmethod
+    def from_recipe(cls, recipe: Any) -> LossSettings:
+        a = recipe.algorithm
+        names = [f for f in cls.__dataclass_fields__ if f not in ("temperature", "max_completion_length")]
+        return cls(temperature=recipe.generation.temperature,
+                   max_completion_length=recipe.generation.max_completion_length,
+                   **{name: getattr(a, name) for name in names})
+
+    @property
+    def surrogate(self) -> SurrogateSettings:
+        return SurrogateSettings(**{f: getattr(self, f) for f in SurrogateSettings.__dataclass_fields__})
+
+    @property
+    def zero_advantage_rows_matter(self) -> bool:
+        """Whether a row with advantage 0 can change the gradient (KL, entropy terms) or a
+        normaliser that only its forward pass sees (bnpo's micro-batch tokens, the entropy quantile)."""
+        return self.beta > 0 or self.entropy_coef > 0 or self.top_entropy_quantile < 1.0 or self.loss == "bnpo"
+
+
+Forward = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 def sequence_logprobs(
-    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of every completion token of the micro-batch, `[n, T]` (and entropy), from one
-    forward pass over its rows; logits only at the `K` positions that score a token."""
+    """Log-probs of every completion token of the micro-batch, `[n, T]` (and entropy, with gradient
+    where `entropy_grad`), from one forward pass over its rows; logits only where a token is scored."""
     device = next(model.parameters()).device
     mask = model_attention_mask(model, mb.attention_mask)
     logits = model(
@@ -53,33 +102,49 @@ def sequence_logprobs(
     logp = logp.masked_fill(~real, 0.0)                            # [n, T]
     entropy = None
     if with_entropy:
-        entropy = token_entropy(logits, temperature).flatten()[index].masked_fill(~real, 0.0)  # [n, T]
+        entropy_of = differentiable_entropy if entropy_grad else token_entropy
+        entropy = entropy_of(logits, temperature).flatten()[index].masked_fill(~real, 0.0)  # [n, T]
     return logp, entropy
 
 
 def micro_batch_loss(
-    model: Any, mb: MicroBatch, s: LossSettings, norm: LossNorm
+    model: Any, mb: MicroBatch, s: LossSettings, norm: LossNorm, forward: Forward = sequence_logprobs,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the batch loss, and masked sums for the metrics."""
-    # 1. log-probs under the current policy                      # [n, T]
-    logp, entropy = sequence_logprobs(model, mb, s.temperature, with_entropy=True)
+    # 1. log-probs (and entropy) under the current policy           # [n, T]
+    logp, entropy = forward(model, mb, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
     device = logp.device
-    mask = mb.loss_mask.to(device)                                 # [n, T]
-    # 2. ratio to the policy that generated (== 1 on the first update: old = detached current)
+    mask = mb.loss_mask.to(device=device, dtype=logp.dtype)         # [n, T]
+    advantages = mb.advantages.to(device).unsqueeze(1)              # [n, 1]
+    # 2. importance ratio to the policy that generated (== 1 on the first update: old = detached current)
     old = mb.old_logp.to(device) if mb.old_logp is not None else logp.detach()
-    per_token, low, high = clipped_surrogate(
-        logp, old, mb.advantages.to(device), s.epsilon_low, s.epsilon_high
-    )                                                              # [n, T]
-    # 3. KL to the reference model
+    log_ratio = logp - old                                          # [n, T]
+    ratio = importance_ratio(log_ratio, mask, s.importance_sampling_level)  # [n, T] or [n, 1] (GSPO)
+    engine = mb.is_weight.to(device) if mb.is_weight is not None else None
+    # 3. the loss's per-token objective (clipped surrogate, cispo, sapo, vespo)
+    terms = PolicyTerms(logp=logp, log_ratio=log_ratio, ratio=ratio, advantages=advantages, mask=mask,
+                        engine_weight=engine)
+    per_token, low, high = SURROGATES[s.loss](terms, s.surrogate)   # [n, T] or [n, 1]
+    # 4. only the high-entropy tokens carry the policy gradient ("80/20")
+    kept = mask
+    if s.top_entropy_quantile < 1.0:
+        kept = high_entropy_mask(entropy, mask, s.top_entropy_quantile)  # [n, T]
+        per_token = per_token * kept
+    # 5. engine/trainer mismatch: importance weights on the policy term (vespo weighs them itself)
+    if engine is not None and s.loss not in OWN_ENGINE_WEIGHTS:
+        per_token = per_token * engine
+    # 6. KL to the reference model (times the importance ratio: TRL's use_bias_correction_kl)
     kl = None
     if s.beta > 0 and mb.ref_logp is not None:
         kl = KL_ESTIMATORS[s.kl_estimator](logp, mb.ref_logp.to(device))  # [n, T]
+        if s.kl_importance_correction:
+            kl = kl * ratio
         per_token = per_token + s.beta * kl
-    # 4. engine/trainer mismatch: truncated importance sampling (TRL's order: after the KL term)
-    if mb.is_weight is not None:
-        per_token = per_token * mb.is_weight.to(device)
-    # 5. the named aggregation (grpo, bnpo, dr_grpo, dapo): a share of the whole batch's loss
+    # 7. the named aggregation: a share of the whole batch's loss
     loss = LOSSES[s.loss](per_token, mask, norm)
+    # 8. entropy bonus: coef x the mean entropy of the step's loss tokens (of the kept ones, filtered)
+    if s.entropy_coef > 0:
+        loss = loss - s.entropy_coef * (entropy * kept).sum() / max(norm.num_tokens, 1)
     with torch.no_grad():
         stats = {
             "tokens": float(mask.sum()),
@@ -97,38 +162,39 @@ def optimizer_step(
     accelerator: Any,
     model: Any,
     optimizer: torch.optim.Optimizer,
-    micro_batches: list[MicroBatch],
+    batch: OptimizerBatch,
     s: LossSettings,
     *,
     max_grad_norm: float,
+    forward: Forward = sequence_logprobs,
 ) -> dict[str, float]:
     """Backward over every micro-batch (gradients synced once, at the last), then one update.
 
     Returns the summed STAT_KEYS over all processes, `grad_norm`, `skipped`, the packing figures
     of `packing_stats` and this process's `time/forward_backward` and `time/optimizer`.
+    `forward` computes a micro-batch's log-probs (the model's, unless a test gives others).
     """
     # 1. global counts: every aggregation divides by the whole batch, all processes together
-    counts = global_counts(accelerator, micro_batches)
-    sequences = int(counts["sequences"])
+    counts = global_counts(accelerator, batch)
     totals = dict.fromkeys(STAT_KEYS, 0.0)
     packing = packing_stats(counts)
-    if sequences == 0:  # every group had zero spread everywhere: nothing to learn from
+    if counts["computed"] == 0:  # nothing can move the weights: every group was flat, everywhere
         return {"skipped": 1.0, **totals, "grad_norm": 0.0, **packing}
     norm = LossNorm(
-        num_sequences=sequences, num_tokens=max(int(counts["tokens"]), 1),
+        num_sequences=int(counts["sequences"]), num_tokens=max(int(counts["tokens"]), 1),
         max_completion_length=s.max_completion_length, num_micro_batches=max(int(counts["micro_batches"]), 1),
-        world_size=accelerator.num_processes,
+        world_size=accelerator.num_processes, token_mean_tokens=batch.token_mean_tokens,
     )
     # 2. forward + backward per micro-batch; a process with none still joins the gradient sync
     t0 = time.perf_counter()
-    batches = micro_batches or [None]
-    for k, mb in enumerate(batches):
-        last = k == len(batches) - 1
+    micro_batches = batch.micro_batches or [None]
+    for k, mb in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):
             if mb is None:
                 loss, stats = _zero_loss(model), {}
             else:
-                loss, stats = micro_batch_loss(model, mb, s, norm)
+                loss, stats = micro_batch_loss(model, mb, s, norm, forward)
             accelerator.backward(loss * norm.world_size)  # undo DDP's mean over processes
         for key, value in stats.items():
             totals[key] += value
@@ -148,16 +214,18 @@ def optimizer_step(
 
 
 #: Counts over all micro-batches of all processes (one all-reduce).
-COUNT_KEYS = ("sequences", "tokens", "micro_batches", "row_tokens", "sequence_tokens")
+COUNT_KEYS = ("sequences", "tokens", "computed", "micro_batches", "row_tokens", "sequence_tokens")
 
 
-def global_counts(accelerator: Any, micro_batches: list[MicroBatch]) -> dict[str, float]:
-    """Sequences, loss tokens, micro-batches, token slots the micro-batches' rows compute and
-    tokens the sequences would take unpacked, summed over every process."""
+def global_counts(accelerator: Any, batch: OptimizerBatch) -> dict[str, float]:
+    """Summed over every process: sequences and loss tokens in the loss (idle ones included),
+    sequences computed, micro-batches, token slots their rows compute and tokens the computed
+    sequences would take unpacked."""
+    mbs = batch.micro_batches
+    computed = sum(mb.num_sequences for mb in mbs)
     local = [
-        sum(mb.num_sequences for mb in micro_batches), sum(mb.num_tokens for mb in micro_batches),
-        len(micro_batches), sum(mb.row_tokens for mb in micro_batches),
-        sum(mb.sequence_tokens for mb in micro_batches),
+        computed + batch.idle_sequences, sum(mb.num_tokens for mb in mbs) + batch.idle_tokens, computed,
+        len(mbs), sum(mb.row_tokens for mb in mbs), sum(mb.sequence_tokens for mb in mbs),
     ]
     summed = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=accelerator.device),
                                 reduction="sum")
@@ -169,7 +237,7 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
     with packed rows a micro-batch is one row, as in open-instruct's `val/packed_ratio`);
     `packed_token_ratio`: token slots the rows compute per token of the unpacked sequences
     (below 1.0 when completions share their prompt, above it with padding)."""
-    sequences, tokens = counts["sequences"], counts["sequence_tokens"]
+    sequences, tokens = counts["computed"], counts["sequence_tokens"]
     return {
         "packed_ratio": counts["micro_batches"] / sequences if sequences else 0.0,
         "packed_token_ratio": counts["row_tokens"] / tokens if tokens else 0.0,

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from grpocli.algorithms import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3
+from grpocli.algorithms import KL_ESTIMATORS, kl_abs, kl_k1, kl_k2, kl_k3, kl_low_var
 
 LN2 = math.log(2.0)  # 0.693147...
 # token 0: policy p = 0.5, reference q = 0.25 -> logp - ref = ln 2
@@ -15,7 +15,16 @@ REF = torch.log(torch.tensor([[0.25, 0.5, 0.3]]))
 
 
 def test_table():
-    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs}
+    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs,
+                             "kl": kl_k1, "mse": kl_k2, "low_var_kl": kl_low_var}  # verl's names
+
+
+def test_low_var_kl_is_k3_with_verl_clamps():
+    torch.testing.assert_close(kl_low_var(LOGP, REF), kl_k3(LOGP, REF))  # inside the clamps: k3
+    # log_r = ref - logp = 30 -> clamped to 20 before exp: exp(20) - 20 - 1, then clamped to 10
+    far = kl_low_var(torch.tensor([[-30.0, 0.0]]), torch.tensor([[0.0, -3.0]]))
+    # second token: log_r = -3 -> exp(-3) + 3 - 1 = 2.049787
+    torch.testing.assert_close(far, torch.tensor([[10.0, math.exp(-3.0) + 2.0]]))
 
 
 def test_k1():

@@ -7,12 +7,14 @@ import torch
 
 from grpocli.algorithms import (
     LOSSES,
+    SURROGATES,
     LossNorm,
     bnpo_loss,
     clipped_surrogate,
     dapo_loss,
     dr_grpo_loss,
     grpo_loss,
+    luspo_loss,
 )
 
 # Two sequences of two tokens with ratios pi/pi_old:
@@ -72,7 +74,18 @@ def _norm(micro_batches: int = 1) -> LossNorm:
 
 
 def test_table():
-    assert LOSSES == {"grpo": grpo_loss, "bnpo": bnpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss}
+    assert LOSSES == {"grpo": grpo_loss, "bnpo": bnpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss,
+                      "cispo": dapo_loss, "sapo": grpo_loss, "luspo": luspo_loss, "vespo": dapo_loss}
+    assert set(SURROGATES) == set(LOSSES)
+
+
+def test_luspo_and_token_mean_override_by_hand():
+    # luspo: every token's loss summed, divided by the 3 sequences: (6 + 4 + 15) / 3
+    assert luspo_loss(LOSS, MASK, _norm()).item() == pytest.approx(25 / 3)
+    # dapo with TRL's generation-batch count (say 10 tokens): 25 / 10
+    norm = LossNorm(num_sequences=3, num_tokens=6, max_completion_length=4, num_micro_batches=1,
+                    token_mean_tokens=10.0)
+    assert dapo_loss(LOSS, MASK, norm).item() == pytest.approx(2.5)
 
 
 def test_aggregations_by_hand():

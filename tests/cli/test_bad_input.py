@@ -98,6 +98,31 @@ def test_unknown_dataset(grpo):
     assert_clean_error(out, "data.dataset", 'did you mean "countdown"', "grpo inspect plugins")
 
 
+def test_gdpo_advantages_refuse_gated_rewards(grpo):
+    out = grpo("train", "quickstart", "algorithm.advantage_scale=normalize_then_sum",
+               "algorithm.reward_combination=gated",
+               'rewards=[{name="length", gate=true}, {name="length", args={target=2}}]', "--dry-run")
+    assert_clean_error(out, "algorithm.advantage_scale", "gating is not a weighted sum",
+                       "valid: normalize_then_sum with reward_combination = 'sum'",
+                       'algorithm.reward_combination = "sum"')
+
+
+@pytest.mark.parametrize(("overrides", "key", "says"), [
+    (["algorithm.loss=vespo", "algorithm.importance_sampling_level=sequence"],
+     "algorithm.importance_sampling_level", "computes its own sequence-level weight"),
+    (["algorithm.loss=dapo", "algorithm.importance_sampling_level=sequence"],
+     "algorithm.importance_sampling_level", "weighs each sequence by its length"),
+    (["algorithm.loss=cispo", "algorithm.clip_ratio_c=3.0"], "algorithm.clip_ratio_c", "does not use"),
+    (["algorithm.loss=vespo", "generation.backend=vllm", "vllm.importance_sampling_mode=sequence_mask"],
+     "vllm.importance_sampling_mode", "needs a token-level correction"),
+    (["algorithm.beta=0.1", "algorithm.kl_estimator=full"], "algorithm.kl_estimator", "NotImplementedError"),
+], ids=["vespo-sequence", "dapo-sequence", "cispo-dual-clip", "vespo-sequence-engine-weights", "full-kl"])
+def test_loss_settings_that_make_no_sense_together(grpo, overrides, key, says):
+    """Refused before any model loads, with what is valid and what to set."""
+    out = grpo("train", "quickstart", *overrides, "--dry-run")
+    assert_clean_error(out, key, says, "valid:", "next:")
+
+
 def test_plugin_that_fails_to_import(grpo, tmp_path):
     env = make_plugin_dist(tmp_path / "site", "grpo-broken", "grpo_broken_plugin",
                            "import no_such_module_anywhere\n")

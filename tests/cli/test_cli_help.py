@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cli_runner import ROOT
 
 COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["eval"], ["inspect"]]

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import grpocli
-
 from grpocli.data.hub import gsm8k_row
 from grpocli.data.source import load_dataset_for
 from grpocli.errors import UserError

@@ -129,7 +129,9 @@ def test_complete_rows_renders_only_what_lacks_prompt_text(tokenizer):
 
 
 def test_rendered_prompts_are_encoded_truncated_on_the_left(tokenizer):
-    from grpocli.generation.base import PromptEncoder  # what every generation backend encodes with
+    from grpocli.generation.base import (
+        PromptEncoder,  # what every generation backend encodes with
+    )
 
     encoder = PromptEncoder()
     encoder.tokenizer, encoder.max_prompt_length = tokenizer, 4

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from grpocli.evaluation.answers import extract_answer
-from grpocli.evaluation.estimators import majority_answer, majority_at_n, mean_at_n, pass_at_k
+from grpocli.evaluation.estimators import (
+    majority_answer,
+    majority_at_n,
+    mean_at_n,
+    pass_at_k,
+)
 from grpocli.evaluation.evaluator import EvalSettings, summarize
 
 

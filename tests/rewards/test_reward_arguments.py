@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cli_runner import ROOT
 
 import grpocli
 from grpocli.errors import UserError
@@ -18,7 +19,6 @@ from grpocli.registry.names import Registry
 from grpocli.rewards import arguments, resolve
 from grpocli.rewards.arguments import accepted_args, check_reward_args
 from grpocli.rewards.builtin import BUILTIN_REWARDS
-from cli_runner import ROOT
 
 
 def kw_only(prompts: list, completions: list, **kwargs: Any) -> list[float]:

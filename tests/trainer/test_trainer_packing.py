@@ -11,10 +11,20 @@ from grpocli.generation.base import Sampling
 from grpocli.generation.hf import HFBackend
 from grpocli.models import build_char_tokenizer, build_tiny_model
 from grpocli.recipe.schema import TinyModel
-from grpocli.trainer.batching import make_micro_batches, select_sequences
+from grpocli.trainer.batching import (
+    OptimizerBatch,
+    make_micro_batches,
+    select_sequences,
+)
 from grpocli.trainer.packing import Layout, choose_layout, pack_row, pad_rows
 from grpocli.trainer.rollouts import Rollouts
-from grpocli.trainer.step import LossSettings, global_counts, micro_batch_loss, packing_stats, sequence_logprobs
+from grpocli.trainer.step import (
+    LossSettings,
+    global_counts,
+    micro_batch_loss,
+    packing_stats,
+    sequence_logprobs,
+)
 
 TINY = TinyModel(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 SETTINGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta=0.0, kl_estimator="k3", temperature=0.7,
@@ -138,17 +148,25 @@ def test_token_budget_bounds_micro_batches_and_sharing_saves_tokens():
     (shared,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared"))
     # 2 prompts of 4 and 5 tokens, completions of 1,2,2,5 and 2,1,2,3 tokens (18 tokens, 10 fed)
     assert (unshared.row_tokens, shared.row_tokens, shared.sequence_tokens) == (46, 19, 54)
-    counts = global_counts(Accelerator(cpu=True), [shared])
+    counts = global_counts(Accelerator(cpu=True), OptimizerBatch([shared]))
     assert packing_stats(counts) == {"packed_ratio": 1 / 8, "packed_token_ratio": 19 / 54}
 
 
-def test_zero_advantage_sequences_never_reach_a_micro_batch():
+def test_zero_advantage_rows_are_counted_but_not_computed():
+    """Rows of kept groups all enter the loss; a zero-advantage row (no KL / entropy term) is
+    counted with its tokens but needs no forward pass; rows of dropped groups leave entirely."""
     tok = build_char_tokenizer()
     r = rollouts(tok, advantages=(1.0, 0, -1, 0, 0, 0, 0, 0))
     r.keep[4:] = False
-    picked = select_sequences(r, mask_truncated=False)
-    assert picked == [0, 2]
-    (mb,) = make_micro_batches(r, picked, max_sequences=8, layout=Layout("shared"))
+    picked = select_sequences(r)
+    assert (picked.computed, picked.idle) == ([0, 2], [1, 3])
+    assert picked.idle_tokens == len(r.completion_ids[1]) + len(r.completion_ids[3])
+    assert select_sequences(r, skip_zero_advantage=False).computed == [0, 1, 2, 3]
+    r.truncated[2] = True
+    assert select_sequences(r, mask_truncated=True).computed == [0]
+    counted = select_sequences(r, mask_truncated=True, truncated_rows="count")
+    assert counted.idle == [1, 2, 3] and counted.idle_tokens == picked.idle_tokens  # no token of row 2
+    (mb,) = make_micro_batches(r, picked.computed, max_sequences=8, layout=Layout("shared"))
     assert mb.index.tolist() == [0, 2] and mb.row_tokens == 4 + 0 + 1  # completions of 1 and 2 tokens
 
 

@@ -9,7 +9,11 @@ from accelerate import Accelerator
 from grpocli.algorithms import LossNorm
 from grpocli.models import build_char_tokenizer, build_tiny_model
 from grpocli.recipe.schema import TinyModel
-from grpocli.trainer.batching import make_micro_batches
+from grpocli.trainer.batching import (
+    OptimizerBatch,
+    make_micro_batches,
+    select_sequences,
+)
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.step import LossSettings, micro_batch_loss, optimizer_step
 
@@ -44,12 +48,14 @@ def test_non_finite_update_is_skipped_and_weights_stay(tmp_path):
     before = [p.detach().clone() for p in model.parameters()]
     r = rollouts(tok, [float("inf"), -1, 1, 0.5, 1, -1, 0.5, -0.5])
     mbs = make_micro_batches(r, list(range(8)), pad_id=0, max_sequences=4)
-    stats = optimizer_step(acc, model, opt, mbs, LossSettings(loss="dapo", **SETTINGS), max_grad_norm=1.0)
+    stats = optimizer_step(acc, model, opt, OptimizerBatch(mbs), LossSettings(loss="dapo", **SETTINGS),
+                           max_grad_norm=1.0)
     assert stats["skipped"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     # a finite batch does update
     r = rollouts(tok, [1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5])
-    stats = optimizer_step(acc, model, opt, make_micro_batches(r, list(range(8)), pad_id=0, max_sequences=4),
+    stats = optimizer_step(acc, model, opt, OptimizerBatch(make_micro_batches(r, list(range(8)), pad_id=0,
+                                                                          max_sequences=4)),
                            LossSettings(loss="dapo", **SETTINGS), max_grad_norm=1.0)
     assert stats["skipped"] == 0.0
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -76,3 +82,24 @@ def test_gradient_does_not_depend_on_micro_batch_layout(loss):
     for a, b, c in zip(one, per_seq, budget):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"])
+def test_skipping_zero_advantage_rows_keeps_the_gradient(loss):
+    """Rows with advantage 0 (and no KL or entropy term) need no forward pass: counted as idle
+    rows, the update (plain SGD, lr 1: minus the gradient) equals the one with every row computed."""
+    updates = []
+    for skip in (False, True):
+        tok, model, acc, _ = setup()
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        r = rollouts(tok, [1.0, 0.0, -1, 0.5, 0.0, -1, 0.5, 0.0])
+        chosen = select_sequences(r, skip_zero_advantage=skip)
+        assert len(chosen.computed) == (5 if skip else 8)
+        batch = OptimizerBatch(make_micro_batches(r, chosen.computed, pad_id=0, max_sequences=3),
+                               idle_sequences=len(chosen.idle), idle_tokens=chosen.idle_tokens)
+        optimizer_step(acc, model, opt, batch, LossSettings(loss=loss, **SETTINGS), max_grad_norm=0.0)
+        updates.append([p.detach() - b for p, b in zip(model.parameters(), before)])
+    assert any(u.abs().max() > 0 for u in updates[0])
+    for a, b in zip(*updates):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

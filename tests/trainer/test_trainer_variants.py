@@ -49,11 +49,13 @@ def test_metrics_rollouts_and_checkpoint(tmp_path):
 
 @pytest.fixture
 def table_calls(monkeypatch):
-    """Every entry of LOSSES, ADVANTAGES and KL_ESTIMATORS wrapped to count its calls by name."""
-    from grpocli.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSSES
+    """Every entry of LOSSES, SURROGATES, ADVANTAGES and KL_ESTIMATORS wrapped to count its calls by name."""
+    from grpocli.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSSES, SURROGATES
 
-    calls: dict[str, Counter] = {"loss": Counter(), "advantage_scale": Counter(), "kl_estimator": Counter()}
-    for key, table in (("loss", LOSSES), ("advantage_scale", ADVANTAGES), ("kl_estimator", KL_ESTIMATORS)):
+    calls: dict[str, Counter] = {"loss": Counter(), "surrogate": Counter(), "advantage_scale": Counter(),
+                                 "kl_estimator": Counter()}
+    for key, table in (("loss", LOSSES), ("surrogate", SURROGATES), ("advantage_scale", ADVANTAGES),
+                       ("kl_estimator", KL_ESTIMATORS)):
         for name, fn in list(table.items()):
             def counted(*args, _fn=fn, _name=name, _calls=calls[key], **kwargs):
                 _calls[_name] += 1
@@ -67,8 +69,23 @@ def table_calls(monkeypatch):
     ["algorithm.loss=grpo"], ["algorithm.loss=bnpo"], ["algorithm.loss=dr_grpo", "algorithm.advantage_scale=none"],
     ["algorithm.loss=seq-mean-token-sum-norm"],  # verl's name for dr_grpo
     ["algorithm.advantage_scale=batch"],
+    ["algorithm.advantage_scale=centered"], ["algorithm.advantage_scale=rloo"],
+    ["algorithm.advantage_scale=reinforce_pp"],
+    # GDPO with two rewards (the second a "length#2" label) and the overlong penalty as a third part
+    ["algorithm.advantage_scale=normalize_then_sum", "algorithm.overlong_penalty={buffer_length=4}",
+     'rewards=[{name="length", args={target=8}}, {name="length", args={target=2}, weight=0.5}]'],
     ["algorithm.beta=0.1", "algorithm.kl_estimator=k1", "algorithm.ref_sync_steps=1", "algorithm.ref_sync_alpha=0.5"],
     ["algorithm.beta=0.1", "algorithm.kl_estimator=k2"], ["algorithm.beta=0.1", "algorithm.kl_estimator=abs"],
+    ["algorithm.loss=cispo", "algorithm.epsilon_high=5.0"], ["algorithm.loss=sapo"], ["algorithm.loss=vespo"],
+    ["algorithm.loss=luspo", "algorithm.importance_sampling_level=sequence"],
+    ["algorithm.importance_sampling_level=sequence", "algorithm.loss=grpo", "algorithm.num_iterations=2",
+     "train.steps=4"],  # GSPO
+    ["algorithm.delta=1.5", "algorithm.clip_ratio_c=3.0", "algorithm.num_iterations=2", "train.steps=4"],
+    ["algorithm.entropy_coef=0.01", "algorithm.top_entropy_quantile=0.2"],
+    ["algorithm.beta=0.05", "algorithm.kl_estimator=low_var_kl", "algorithm.kl_importance_correction=true"],
+    ["algorithm.drop_zero_spread_groups=false", "algorithm.token_normalizer=generation_batch",
+     "train.steps_per_generation=2", "train.steps=4", "algorithm.mask_truncated_completions=true",
+     "algorithm.truncated_rows=count"],  # TRL's conventions
     ["algorithm.num_iterations=2", "train.steps=4"],
     ["train.steps_per_generation=2", "train.steps=4"],
     ["algorithm.mask_truncated_completions=true", "algorithm.overlong_penalty={buffer_length=4}"],
@@ -87,6 +104,7 @@ def test_variant_trains(tmp_path, overrides, table_calls):
         assert math.isfinite(m["reward"]) and m["grad_norm"] is not None
     algorithm = load_recipe("quickstart", list(overrides)).recipe.algorithm
     assert set(table_calls["loss"]) == {algorithm.loss}, table_calls["loss"]
+    assert set(table_calls["surrogate"]) == {algorithm.loss}, table_calls["surrogate"]
     assert set(table_calls["advantage_scale"]) == {algorithm.advantage_scale}, table_calls["advantage_scale"]
     assert set(table_calls["kl_estimator"]) == ({algorithm.kl_estimator} if algorithm.beta > 0 else set())
     if algorithm.beta > 0:

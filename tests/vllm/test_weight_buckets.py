@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from grpocli.generation.weights import (
-    TensorSpec, broadcast, buckets, checkpoint_spec, flatten_bucket, open_group, pack_bucket, policy_weights,
-    spec_problems, unflatten_bucket, unpack_bucket,
+    TensorSpec,
+    broadcast,
+    buckets,
+    checkpoint_spec,
+    flatten_bucket,
+    open_group,
+    pack_bucket,
+    policy_weights,
+    spec_problems,
+    unflatten_bucket,
+    unpack_bucket,
 )
 
 

@@ -1,0 +1,152 @@
+"""Parity with TRL 1.16's GRPOTrainer: advantages, loss and gradient on fixed inputs.
+
+The cases come from TRL's own code (../shared/trl-oracle, copied to tests/trainer/data); set
+GRPO_TRL_ORACLE=PATH to check another file of the same format. Each case goes through the code
+a training step runs: advantages over the groups (trainer.advantages.compute_advantages), row
+selection, micro-batching in every layout, the normalisers and the optimizer step
+(trainer.batching.optimizer_batches, trainer.step.optimizer_step). Only the policy's forward pass
+is replaced: the log-probs are the oracle's, a leaf tensor whose gradient is compared.
+The recipe keys below are what "as TRL does" means (README: "TRL's conventions").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from grpocli.recipe import load_recipe
+from grpocli.trainer.advantages import compute_advantages
+from grpocli.trainer.batching import optimizer_batches
+from grpocli.trainer.packing import Layout
+from grpocli.trainer.rollouts import Rollouts
+from grpocli.trainer.step import LossSettings, optimizer_step
+
+DEFAULT_ORACLE = Path(__file__).parent / "data" / "trl_oracle_example.json"
+ORACLE = Path(os.environ.get("GRPO_TRL_ORACLE") or DEFAULT_ORACLE)
+DATA = json.loads(ORACLE.read_text())
+INPUTS = DATA["inputs"]
+TOL = 1e-6
+
+#: The recipe keys that make grpo compute what TRL 1.16 computes (README, "TRL's conventions").
+AS_TRL = [
+    "algorithm.drop_zero_spread_groups=false",        # zero-spread groups stay in every count
+    "algorithm.kl_importance_correction=true",        # use_bias_correction_kl
+    "algorithm.token_normalizer='generation_batch'",  # dapo / cispo / vespo normaliser
+    "algorithm.truncated_rows='count'",               # masked truncated rows stay in the counts
+]
+
+#: (layout, micro_batch_size or None for a token budget): the split must not change the result.
+LAYOUTS = [("padded", 100), ("shared", 5), ("packed", None), ("padded", 1)]
+
+
+def recipe_for(case: dict, extra: tuple[str, ...] = ()):
+    p, g, t = INPUTS["num_prompts"], INPUTS["G"], INPUTS["T"]
+    eps_high = case["epsilon_high"] if case["epsilon_high"] is not None else case["epsilon"]
+    return load_recipe("quickstart", [
+        *AS_TRL, f"algorithm.loss='{case['loss_type']}'", f"algorithm.beta={case['beta']}",
+        f"algorithm.advantage_scale='{case['scale_rewards']}'",
+        f"algorithm.importance_sampling_level='{case['importance_sampling_level']}'",
+        f"algorithm.epsilon_low={case['epsilon']}", f"algorithm.epsilon_high={eps_high}",
+        f"algorithm.num_iterations={case['num_iterations']}", f"generation.num_generations={g}",
+        f"generation.max_completion_length={t}", f"train.prompts_per_step={p}", *extra,
+    ]).recipe
+
+
+def rollouts_of_inputs() -> Rollouts:
+    p, g = INPUTS["num_prompts"], INPUTS["G"]
+    lengths = [int(sum(row)) for row in INPUTS["mask"]]
+    return Rollouts(
+        rows=[{"prompt": f"prompt {i}"} for i in range(p)], prompt_ids=[[1, 2, 3 + i] for i in range(p)],
+        completion_ids=[[5] * n for n in lengths], completions=[""] * len(lengths),
+        truncated=torch.zeros(len(lengths), dtype=torch.bool), group_size=g,
+        rewards=torch.tensor(INPUTS["rewards"], dtype=torch.float32),
+    )
+
+
+def run_case(case: dict, kind: str, micro_batch_size: int | None,
+             extra: tuple[str, ...] = ()) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """(advantages [B], loss, d loss / d new log-probs [B, T]) as grpo's training step computes them."""
+    recipe = recipe_for(case, extra)
+    if micro_batch_size is None:
+        recipe.train.max_tokens_per_micro_batch = 24
+    else:
+        recipe.train.micro_batch_size = micro_batch_size
+    acc = Accelerator(cpu=True)
+    rollouts = compute_advantages(acc, rollouts_of_inputs(), recipe, reward_fns=[])
+    settings = LossSettings.from_recipe(recipe)
+    on_policy = case["regime"] == "on_policy"
+    new = torch.tensor(INPUTS["old" if on_policy else "new_off_policy"], dtype=torch.float64, requires_grad=True)
+    old, ref = (torch.tensor(INPUTS[k], dtype=torch.float64) for k in ("old", "ref"))
+    entropies = torch.tensor(INPUTS["entropies"], dtype=torch.float64)
+    ((_, batch),) = optimizer_batches(acc, rollouts, recipe, settings, Layout(kind))
+    for mb in batch.micro_batches:  # what fill_logprobs stores: the generating policy's and the reference's
+        width = mb.loss_mask.shape[1]
+        mb.old_logp = None if on_policy else old[mb.index, :width]
+        mb.ref_logp = ref[mb.index, :width] if settings.beta > 0 else None
+
+    def forward(model, mb, temperature, **_):
+        width = mb.loss_mask.shape[1]
+        return new[mb.index, :width] * mb.loss_mask, entropies[mb.index, :width] * mb.loss_mask
+
+    model = torch.nn.Linear(1, 1)  # the optimizer step needs parameters; the loss is in `new`
+    stats = optimizer_step(acc, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, settings,
+                           max_grad_norm=0.0, forward=forward)
+    grad = new.grad if new.grad is not None else torch.zeros_like(new)
+    return rollouts.advantages.double(), stats["loss"], grad
+
+
+def case_id(case: dict) -> str:
+    return (f"{case['loss_type']}-{case['importance_sampling_level']}-beta{case['beta']}-{case['scale_rewards']}-"
+            f"{case['regime']}-eps{case['epsilon']}-{case['epsilon_high']}")
+
+
+@pytest.mark.parametrize("case", DATA["cases"], ids=[case_id(c) for c in DATA["cases"]])
+def test_matches_trl(case):
+    layouts = LAYOUTS[:1] if case["loss_type"] == "bnpo" else LAYOUTS  # bnpo depends on the split (TRL too)
+    for kind, size in layouts:
+        advantages, loss, grad = run_case(case, kind, size)
+        where = f"layout {kind}, micro-batch {size or 'token budget'}"
+        torch.testing.assert_close(advantages, torch.tensor(case["advantages"], dtype=torch.float64),
+                                   rtol=0, atol=TOL, msg=lambda m: f"advantages, {where}: {m}")
+        assert loss == pytest.approx(case["loss"], rel=0, abs=TOL), where
+        torch.testing.assert_close(grad, torch.tensor(case["grad_new_logps"], dtype=torch.float64),
+                                   rtol=0, atol=TOL, msg=lambda m: f"gradient, {where}: {m}")
+
+
+def test_the_oracle_covers_every_trl_loss():
+    """The default file has every loss TRL 1.16 has; each is a grpo loss."""
+    from grpocli.algorithms import LOSSES
+
+    losses = {c["loss_type"] for c in json.loads(DEFAULT_ORACLE.read_text())["cases"]}
+    assert losses == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"} <= set(LOSSES) | losses
+    assert losses <= set(LOSSES)
+
+
+ON_POLICY_DAPO = {"loss_type": "dapo", "beta": 0.0, "scale_rewards": "group", "regime": "on_policy",
+                  "importance_sampling_level": "token", "num_iterations": 1, "epsilon": 0.2, "epsilon_high": None}
+
+
+def test_entropy_bonus_and_high_entropy_tokens_by_hand():
+    """On-policy dapo with beta = 0: each token's loss is -A (ratio 1). The entropy bonus subtracts
+    coef x the mean entropy of the loss tokens; top_entropy_quantile keeps the policy term of the
+    top tokens by entropy only (the normaliser still counts every token, as TRL's)."""
+    mask = torch.tensor(INPUTS["mask"], dtype=torch.float64)
+    entropy = torch.tensor(INPUTS["entropies"], dtype=torch.float64)
+    adv, loss, grad = run_case(ON_POLICY_DAPO, "padded", 100)
+    per_token = -adv[:, None] * mask                                              # [B, T]
+    assert loss == pytest.approx(float(per_token.sum() / mask.sum()), abs=TOL)
+    _, with_bonus, grad_bonus = run_case(ON_POLICY_DAPO, "shared", 5, ("algorithm.entropy_coef=0.1",))
+    bonus = 0.1 * float((entropy * mask).sum() / mask.sum())
+    assert with_bonus == pytest.approx(loss - bonus, abs=TOL)
+    torch.testing.assert_close(grad_bonus, grad)  # the oracle's entropies do not depend on `new`
+    _, filtered, grad_filtered = run_case(ON_POLICY_DAPO, "padded", 100, ("algorithm.top_entropy_quantile=0.25",))
+    threshold = torch.quantile(entropy[mask > 0], 0.75)
+    kept = ((entropy * mask >= threshold) & (mask > 0)).double()
+    assert 0 < kept.sum() < mask.sum()
+    assert filtered == pytest.approx(float((per_token * kept).sum() / mask.sum()), abs=TOL)
+    torch.testing.assert_close(grad_filtered, grad * kept)
