@@ -9,11 +9,15 @@ Imports torch: keep it out of `grpo --help`'s imports.
 
 from grpocli.algorithms.advantages import (
     ADVANTAGES,
+    NEEDS_COMPONENTS,
     STD_EPS,
     batch_scaled_advantages,
     centered_advantages,
     group_scaled_advantages,
+    normalize_then_sum_advantages,
     overlong_penalty,
+    reinforce_pp_advantages,
+    rloo_advantages,
     zero_spread_groups,
 )
 from grpocli.algorithms.importance import (
@@ -56,6 +60,10 @@ from grpocli.algorithms.surrogates import (
 )
 
 __all__ = [
+    "NEEDS_COMPONENTS",
+    "normalize_then_sum_advantages",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "OWN_ENGINE_WEIGHTS",
     "SURROGATES",
     "PolicyTerms",

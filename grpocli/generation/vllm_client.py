@@ -31,7 +31,12 @@ from typing import Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
-    DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, dtype_from_name, flatten_bucket, pack_bucket,
+    DEFAULT_BUCKET_BYTES,
+    PolicyWeights,
+    buckets,
+    dtype_from_name,
+    flatten_bucket,
+    pack_bucket,
     policy_weights,
 )
 

@@ -23,7 +23,12 @@ from typing import Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
-from grpocli.generation.weights import TensorSpec, checkpoint_spec, policy_weights, spec_problems
+from grpocli.generation.weights import (
+    TensorSpec,
+    checkpoint_spec,
+    policy_weights,
+    spec_problems,
+)
 
 #: Environment vLLM reads at import; the user's own settings win (setdefault).
 VLLM_ENV = {

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import math
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from rich import box
 from rich.console import Console
 from rich.markup import escape

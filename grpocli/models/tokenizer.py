@@ -56,8 +56,15 @@ CHAT_TEMPLATE = (
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """The character-level tokenizer described in the module docstring (no files, no network)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -17,7 +17,13 @@ from typing import Any, Callable
 import grpocli
 from grpocli.errors import UserError
 from grpocli.rewards.expression import parse_expression
-from grpocli.rewards.text import answer_tag, completion_text, last_boxed, last_integer, last_line
+from grpocli.rewards.text import (
+    answer_tag,
+    completion_text,
+    last_boxed,
+    last_integer,
+    last_line,
+)
 
 STRICT_FORMAT = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>", re.DOTALL)
 SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)

@@ -18,7 +18,12 @@ from fastapi.responses import JSONResponse
 
 from grpocli.server.host import EngineHost, ServerError
 from grpocli.server.protocol import (
-    PROTOCOL_VERSION, BeginUpdate, BroadcastBucket, EndUpdate, GenerateRequest, OpenGroup,
+    PROTOCOL_VERSION,
+    BeginUpdate,
+    BroadcastBucket,
+    EndUpdate,
+    GenerateRequest,
+    OpenGroup,
 )
 
 #: Longest a generate request may keep the engine (s); the client's own timeout is usually shorter.

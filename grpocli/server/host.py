@@ -22,7 +22,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from grpocli.generation.weights import (
-    Named, TensorSpec, broadcast, bucket_bytes, dtype_name, open_group, spec_problems, unflatten_bucket,
+    Named,
+    TensorSpec,
+    broadcast,
+    bucket_bytes,
+    dtype_name,
+    open_group,
+    spec_problems,
+    unflatten_bucket,
 )
 
 _END, _ABORT = object(), object()

@@ -12,8 +12,12 @@ from typing import Any
 
 import torch
 
-from grpocli.algorithms import ADVANTAGES, overlong_penalty, zero_spread_groups
-from grpocli.algorithms.advantages import NEEDS_COMPONENTS
+from grpocli.algorithms import (
+    ADVANTAGES,
+    NEEDS_COMPONENTS,
+    overlong_penalty,
+    zero_spread_groups,
+)
 from grpocli.trainer.collectives import gather_floats
 from grpocli.trainer.rollouts import Rollouts
 

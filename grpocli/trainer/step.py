@@ -43,36 +43,24 @@ class LossSettings:
     """The [algorithm] keys the loss reads (grpocli.recipe.algorithm_section documents them)."""
 
     loss: str
-    epsilon_low: float
-    epsilon_high: float
     beta: float
     kl_estimator: str
     temperature: float
     max_completion_length: int
+    surrogate: SurrogateSettings = SurrogateSettings()  # clip range and each objective's parameters
     importance_sampling_level: str = "token"
     kl_importance_correction: bool = False
     entropy_coef: float = 0.0
     top_entropy_quantile: float = 1.0
-    delta: float | None = None
-    clip_ratio_c: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
 
     @classmethod
     def from_recipe(cls, recipe: Any) -> LossSettings:
         a = recipe.algorithm
-        names = [f for f in cls.__dataclass_fields__ if f not in ("temperature", "max_completion_length")]
+        own = [f for f in cls.__dataclass_fields__ if f not in ("temperature", "max_completion_length", "surrogate")]
+        surrogate = SurrogateSettings(**{f: getattr(a, f) for f in SurrogateSettings.__dataclass_fields__})
         return cls(temperature=recipe.generation.temperature,
-                   max_completion_length=recipe.generation.max_completion_length,
-                   **{name: getattr(a, name) for name in names})
-
-    @property
-    def surrogate(self) -> SurrogateSettings:
-        return SurrogateSettings(**{f: getattr(self, f) for f in SurrogateSettings.__dataclass_fields__})
+                   max_completion_length=recipe.generation.max_completion_length, surrogate=surrogate,
+                   **{name: getattr(a, name) for name in own})
 
     @property
     def zero_advantage_rows_matter(self) -> bool:

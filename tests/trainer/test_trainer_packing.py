@@ -27,7 +27,7 @@ from grpocli.trainer.step import (
 )
 
 TINY = TinyModel(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-SETTINGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta=0.0, kl_estimator="k3", temperature=0.7,
+SETTINGS = dict(beta=0.0, kl_estimator="k3", temperature=0.7,
                 max_completion_length=8)
 
 

@@ -39,7 +39,7 @@ def rollouts(tok, advantages):
                     keep=torch.ones(n, dtype=torch.bool))
 
 
-SETTINGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta=0.0, kl_estimator="k3", temperature=1.0,
+SETTINGS = dict(beta=0.0, kl_estimator="k3", temperature=1.0,
                 max_completion_length=8)
 
 

@@ -8,7 +8,6 @@ Nothing heavy is imported here: reasoning-gym loads when a recipe uses it.
 from __future__ import annotations
 
 import grpocli
-
 from grpo_reasoning_gym.scorer import score
 from grpo_reasoning_gym.tasks import load
 

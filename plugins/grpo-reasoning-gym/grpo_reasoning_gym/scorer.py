@@ -15,9 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 import grpocli
-from grpocli.errors import UserError
-
 from grpo_reasoning_gym.tasks import create, task_name
+from grpocli.errors import UserError
 
 
 @grpocli.recipe_args("strict")
