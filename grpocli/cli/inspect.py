@@ -12,6 +12,8 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect fields algorithm           every recipe key: type, default, bounds, meaning
 
+  grpo inspect fields --trl beta          the recipe key for a TRL GRPOConfig field
+
   grpo inspect plugins                    plugins and the rewards/datasets/curricula they register
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
@@ -32,6 +34,8 @@ def inspect(
     n: int = typer.Option(3, "--n", min=1, help="How many prompts (`inspect data`) or best/worst rollouts to show."),
     rollouts: int = typer.Option(None, "--rollouts", help="Show the best/worst rollouts of this step."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write RUN_DIR/metrics.png (needs matplotlib)."),
+    trl: str = typer.Option(None, "--trl", help="`inspect fields`: the recipe keys for TRL GRPOConfig fields "
+                            "whose names contain this."),
 ) -> None:
     from grpocli.errors import UserError
     from grpocli.inspection import views
@@ -40,7 +44,7 @@ def inspect(
     if what == "recipes":
         views.show_recipes()
     elif what == "fields":
-        views.show_fields(args[0] if args else None)
+        views.show_fields(args[0] if args else None, trl=trl)
     elif what == "plugins":
         views.show_plugins()
     elif what in ("recipe", "data"):

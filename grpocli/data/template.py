@@ -2,10 +2,13 @@
 
 A row becomes messages (``build_messages``): ``data.system_prompt`` first, then a user message
 from ``data.template.format(**row)`` or the prompt column as it is; a prompt column that
-already holds chat messages is kept (the system prompt is put first when it has none).
-``render_prompt`` applies the chat template as TRL's ``maybe_apply_chat_template`` does
-(``add_generation_prompt=True``, text out) and tokens are counted without added special
-tokens, as TRL's GRPOTrainer encodes prompts.
+already holds chat messages is kept, and the recipe's system prompt is put first only when
+it has no system message of its own (the one rule; ``RenderedPrompts`` warns once, counting
+such rows). ``render_prompt`` applies the chat template as TRL's ``maybe_apply_chat_template``
+does (``add_generation_prompt=True``, text out) to conversational prompts; with
+``data.chat_template = "auto"`` (TRL's behaviour) a plain-text prompt without a system prompt
+goes to the model as it is. Tokens are counted without added special tokens, as TRL's
+GRPOTrainer encodes prompts.
 
 A rendered row is the dataset row plus two keys:
     prompt       what reward functions get as ``prompts`` (TRL's contract): the prompt column
@@ -16,6 +19,7 @@ A rendered row is the dataset row plus two keys:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +62,7 @@ def build_messages(row: dict[str, Any], data: DataSection) -> Messages:
 def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool) -> str:
     """The chat template with a generation prompt where asked and present; else the contents
     joined by newlines (system, then user)."""
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
+    if use_chat_template and getattr(tokenizer, "chat_template", None):  # noqa: SIM102
         try:
             return tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
@@ -68,7 +72,7 @@ def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool) -
                 f"the tokenizer's chat template rejected the prompt: {type(exc).__name__}: {exc}",
                 where="data.chat_template",
                 hint="drop data.system_prompt if the model has no system role, or set "
-                "data.chat_template = false for plain text prompts",
+                "data.chat_template = \"never\" for plain text prompts",
             ) from None
     return "\n".join(str(m.get("content", "")) for m in messages)
 
@@ -77,8 +81,24 @@ def render_row(row: dict[str, Any], data: DataSection, tokenizer: Any) -> dict[s
     """The row with ``prompt`` (for rewards) and ``prompt_text`` (for the policy) set."""
     messages = build_messages(row, data)
     prompt = row.get(data.prompt_column, messages[-1]["content"])
-    text = render_prompt(messages, tokenizer, data.chat_template)
+    text = render_prompt(messages, tokenizer, uses_chat_template(row, data))
     return {**row, "prompt": prompt, "prompt_text": text}
+
+
+def uses_chat_template(row: dict[str, Any], data: DataSection) -> bool:
+    """data.chat_template for this row: 'auto' (TRL) only for conversational prompts, i.e. chat
+    messages in the prompt column, or a recipe system prompt (which makes a chat of any prompt)."""
+    if data.chat_template != "auto":
+        return data.chat_template == "always"
+    conversational = data.template is None and _is_messages(row.get(data.prompt_column))
+    return conversational or data.system_prompt is not None
+
+
+def keeps_own_system(row: dict[str, Any], data: DataSection) -> bool:
+    """True where the recipe's system prompt is not used because the row has its own."""
+    value = row.get(data.prompt_column)
+    return (data.system_prompt is not None and data.template is None and _is_messages(value)
+            and bool(value) and value[0].get("role") == "system")
 
 
 class RenderedPrompts(Sequence):
@@ -94,6 +114,20 @@ class RenderedPrompts(Sequence):
         self.dataset, self.data, self.tokenizer = dataset, data, tokenizer
         if len(dataset):
             self[0]
+        self.own_system = self._count_own_system()
+        if self.own_system:
+            print(f"warning: data.system_prompt is not used for {self.own_system} of {len(dataset)} rows: "
+                  "they carry their own system message, which is kept (data.system_prompt fills in for "
+                  "rows without one)", file=sys.stderr, flush=True)
+
+    def _count_own_system(self) -> int:
+        """Rows whose own system message keeps the recipe's system prompt out (0 without one)."""
+        if self.data.system_prompt is None or self.data.template is not None:
+            return 0
+        column = self.data.prompt_column
+        values = (self.dataset[column] if hasattr(self.dataset, "column_names") and column in self.dataset.column_names
+                  else [dict(row).get(column) for row in self.dataset])
+        return sum(1 for v in values if keeps_own_system({column: v}, self.data))
 
     def __len__(self) -> int:
         return len(self.dataset)

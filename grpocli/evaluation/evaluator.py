@@ -60,9 +60,11 @@ class EvalResult:
 def sample_and_score(
     backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
     sampling: Any, *, prompt_column: str = "prompt", combination: str = "sum",
-    indices: Sequence[int] | None = None,
+    indices: Sequence[int] | None = None, state: Any = None,
 ) -> list[dict[str, Any]]:
-    """Records of N completions for each rendered row (rows carry ``prompt_text``), scored."""
+    """Records of N completions for each rendered row (rows carry ``prompt_text``), scored;
+    ``state`` is the trainer_state rewards receive (TRL's keyword), what they log_extra lands
+    in each record's ``extra``."""
     if not rows:
         return []
     n = settings.n
@@ -73,7 +75,7 @@ def sample_and_score(
     columns = {k: [row.get(k) for row in rows for _ in range(n)] for k in names}   # [B*N] each
     prompts = [row.get(prompt_column, row.get("prompt")) for row in rows for _ in range(n)]
     scores = score(reward_fns, prompts, completions, columns, combination,
-                   completion_ids=generated.completion_ids)
+                   completion_ids=generated.completion_ids, state=state)
     indices = list(indices) if indices is not None else list(range(len(rows)))
     records = []
     for i, text in enumerate(completions):
@@ -87,6 +89,8 @@ def sample_and_score(
             "answer": extract_answer(text), "length": len(generated.completion_ids[i]),
             "truncated": bool(generated.truncated[i]),
             "columns": {k: row.get(k) for k in names if k != "prompt"},
+            **({"extra": {k: v[i] if i < len(v) else None for k, v in scores.logged.columns.items()}}
+               if scores.logged.columns else {}),
         })
     return records
 

@@ -65,7 +65,7 @@ class PeriodicEval:
         r = self.recipe
         settings = EvalSettings.from_section(r.eval)
         t0 = time.perf_counter()
-        samples = self._gather(self._sample(settings, seed=r.train.seed + step))
+        samples = self._gather(self._sample(settings, seed=r.train.seed + step, step=step))
         metrics = summarize(samples, settings)
         seconds = time.perf_counter() - t0
         if self._is_main() and self.run_root is not None:
@@ -77,10 +77,11 @@ class PeriodicEval:
         out["time/eval"] = seconds
         return out
 
-    def _sample(self, settings: EvalSettings, *, seed: int) -> list[dict]:
+    def _sample(self, settings: EvalSettings, *, seed: int, step: int) -> list[dict]:
         import torch
 
         from grpocli.generation.base import Sampling
+        from grpocli.rewards.context import trainer_state
 
         r = self.recipe
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -88,7 +89,8 @@ class PeriodicEval:
             torch.manual_seed(seed)
             return sample_and_score(self.backend, self.tokenizer, self.rows, self.reward_fns, settings,
                                     Sampling.from_section(r.generation), prompt_column=r.data.prompt_column,
-                                    combination=r.algorithm.reward_combination, indices=self.indices)
+                                    combination=r.algorithm.reward_combination, indices=self.indices,
+                                    state=trainer_state(global_step=step, max_steps=r.train.steps))
 
     def _is_main(self) -> bool:
         return self.accelerator is None or self.accelerator.is_main_process

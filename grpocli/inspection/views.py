@@ -34,17 +34,42 @@ def show_recipe(name_or_path: str, overrides: list[str]) -> None:
     console.print(table)
 
 
-def show_fields(section: str | None = None) -> None:
-    """Every recipe key with its type, default, bounds and description, read from the schema."""
+def show_fields(section: str | None = None, *, trl: str | None = None) -> None:
+    """Every recipe key with its type, default, bounds and description, read from the schema;
+    with ``trl``, the TRL GRPOConfig fields matching it and their keys first."""
     from grpocli.recipe.fields import describe
 
+    rows = describe()
+    if trl is not None:
+        keys = _show_trl(trl)
+        rows = [row for row in rows if row["key"] in keys]
     table = Table(title="recipe keys (section.key=value on the command line)")
     for col in ("key", "type", "default", "description"):
         table.add_column(col, style="bold" if col == "key" else None, overflow="fold")
-    for row in describe():
+    for row in rows:
         if section is None or row["key"].startswith(section):
             table.add_row(row["key"], row["type"], row["default"], row["description"])
+    if rows:
+        console.print(table)
+
+
+def _show_trl(name: str) -> set[str]:
+    """Print the TRL fields matching ``name`` and their recipe keys; return those keys."""
+    from grpocli.errors import UserError, did_you_mean
+    from grpocli.recipe.trl_names import TRL_FIELDS, lookup
+
+    hits = lookup(name)
+    if not hits:
+        raise UserError(f"no TRL GRPOConfig field matches {name!r}{did_you_mean(name, TRL_FIELDS)}",
+                        where="--trl", valid="a GRPOConfig field name or part of one, e.g. beta, vllm, loss",
+                        hint="grpo inspect fields --trl vllm")
+    table = Table(title=f"TRL GRPOConfig fields matching {name!r}")
+    for col in ("TRL field", "recipe key", "note"):
+        table.add_column(col, style="bold" if col == "TRL field" else None, overflow="fold")
+    for field, (key, note) in hits.items():
+        table.add_row(field, key or "not supported", note)
     console.print(table)
+    return {key for key, _ in hits.values() if key}
 
 
 def show_plugins() -> None:

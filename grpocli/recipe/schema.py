@@ -80,18 +80,36 @@ class DataSection(Section):
         description="Python format string over the row's columns that makes the user message, "
         "e.g. 'Solve: {question}' (default: the prompt column as it is).",
     )
-    system_prompt: str | None = Field(None, description="System message put before every prompt.")
-    chat_template: bool = Field(
-        True, description="Render prompts with the tokenizer's chat template when it has one."
+    system_prompt: str | None = Field(
+        None, description="System message put before the prompt of every row that has none of its own "
+        "(a row's own system message is kept, with a warning naming how many rows that was)."
+    )
+    chat_template: Literal["auto", "always", "never"] = Field(
+        "auto", description="When the tokenizer's chat template renders a prompt. 'auto' (TRL): "
+        "conversational prompts (chat messages, or any prompt with data.system_prompt) get it, "
+        "plain-text prompts go to the model as they are; 'always': plain text becomes a user "
+        "message of the chat template too (what an instruct model wants); 'never': plain text "
+        "always. true / false are read as 'always' / 'never'."
     )
     max_prompt_length: int = Field(
         512, ge=1, le=131072, description="Prompts longer than this many tokens are left-truncated."
     )
     shuffle: bool = Field(True, description="Shuffle the dataset each epoch (seeded by train.seed).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_template_bool(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("chat_template"), bool):
+            data = {**data, "chat_template": "always" if data["chat_template"] else "never"}
+        return data
+
 
 class RewardSpec(Section):
-    name: str = Field(description="A registered reward name (`grpo inspect plugins` lists them).")
+    name: str = Field(
+        description="A registered reward name (`grpo inspect plugins` lists them), a function as "
+        "'module.path:function' or 'path/to/file.py:function', or a reward model: a local directory "
+        "with a sequence-classification checkpoint (as TRL's reward_funcs)."
+    )
     weight: float = Field(1.0, description="Weight of this reward in the total.")
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the reward function."
@@ -105,6 +123,15 @@ class RewardSpec(Section):
         "raise",
         description="If the function raises: stop the run naming the reward and row ('raise'), "
         "or score the batch None and count it ('none').",
+    )
+    batch_size: int | None = Field(
+        None, ge=1,
+        description="Reward models: completions per forward pass (default: the whole batch at once, as TRL).",
+    )
+    device: str | None = Field(
+        None,
+        description="Reward models: the torch device to run on, e.g. 'cpu' or 'cuda:1' "
+        "(default: the current CUDA device, else the CPU).",
     )
 
 
@@ -164,7 +191,8 @@ class TrainSection(Section):
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Accelerate mixed precision.")
     num_processes: int = Field(
-        1, ge=1, le=1024, description="Data-parallel processes `grpo train` launches (accelerate)."
+        1, ge=1, le=1024, description="Data-parallel processes `grpo train` starts (through accelerate). "
+        "Under `accelerate launch` its --num_processes decides; config.resolved.toml records the number that ran."
     )
     save_steps: int = Field(0, ge=0, description="Checkpoint every N steps (0: at the end only).")
     save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")

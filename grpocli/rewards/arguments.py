@@ -1,7 +1,7 @@
 """The ``[[rewards]] args`` a reward accepts, and the check that refuses any other.
 
-A reward accepts as args its named keyword parameters (other than ``prompts``, ``completions``
-and ``completion_ids``, which grpo passes itself) plus the names its ``@grpocli.recipe_args``
+A reward accepts as args its named keyword parameters (other than TRL's keywords, which grpo
+passes itself: ``grpocli.rewards.context.TRL_KEYWORDS``) plus the names its ``@grpocli.recipe_args``
 marker declares: the marker is how a reward that reads an arg through ``**kwargs`` says so.
 Any other key in a ``[[rewards]] args`` table is refused before a model loads, so a misspelt
 arg is an error instead of a silently used default.
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 from grpocli.errors import UserError, did_you_mean
+from grpocli.rewards.context import TRL_KEYWORDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Keywords grpo passes to every reward itself; never ``[[rewards]] args``.
-RESERVED = ("prompts", "completions", "completion_ids")
+#: Keywords grpo passes to every reward itself (TRL's); never ``[[rewards]] args``.
+RESERVED = TRL_KEYWORDS
 MARKER = "recipe_args"
 
 
@@ -78,3 +79,28 @@ def _declared(fn: Callable[..., Any]) -> frozenset[str]:
     if marker is None and isinstance(fn, functools.partial):
         marker = getattr(fn.func, MARKER, None)
     return frozenset(marker or ())
+
+
+def check_reward_signature(index: int, name: str, fn: Callable[..., Any], args: Mapping[str, Any],
+                           columns: Sequence[str]) -> None:
+    """UserError when ``fn`` requires a parameter grpo never passes: not one of TRL's keywords
+    (RESERVED), a dataset column or a ``[[rewards]] args`` key; or one it can only take by position."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to check
+        return
+    given = set(RESERVED) | set(columns) | set(args)
+    for p in params:
+        required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        if not required or (p.name in given and p.kind is not p.POSITIONAL_ONLY):
+            continue
+        how = "positional-only, and grpo passes every argument by keyword" if p.kind is p.POSITIONAL_ONLY \
+            else "neither one of the keywords every reward gets nor a dataset column or [[rewards]] arg"
+        raise UserError(
+            f"reward {name!r} requires parameter {p.name!r}, which is {how}",
+            where=f"rewards[{index}] ({name})",
+            valid=f"keywords {', '.join(RESERVED)}; dataset columns {', '.join(sorted(columns)) or '(none)'}; "
+            "[[rewards]] args",
+            hint=f"give {p.name!r} a default, take it from **kwargs, add a dataset column or an arg of "
+            "that name, or fix the function's signature",
+        )

@@ -21,7 +21,9 @@ from typing import Any, Callable, Literal
 from grpocli.errors import UserError
 from grpocli.rewards import invocation
 from grpocli.rewards.arguments import RESERVED, check_reward_args
+from grpocli.rewards.context import RewardLog, trainer_state, trl_completions
 from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
+from grpocli.rewards.references import lookup
 
 VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
 MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
@@ -43,11 +45,13 @@ class RewardFn:
 @dataclass
 class Scores:
     """Per-reward values (None where a reward does not apply or failed), the weighted total,
-    and how many rows each reward scored None because it raised (with on_error = "none")."""
+    how many rows each reward scored None because it raised (with on_error = "none"), and
+    what the rewards logged (TRL's log_extra / log_metric)."""
 
     per_reward: dict[str, list[float | None]]
     total: list[float]
     errors: dict[str, int]
+    logged: RewardLog = field(default_factory=RewardLog)
 
 
 def combine_sum(values: list[list[float | None]], weights: list[float], gates: list[bool]) -> list[float]:
@@ -79,23 +83,30 @@ def score(
     *,
     completion_ids: list | None = None,
     timeout: float | None = None,
+    state: Any = None,
 ) -> Scores:
-    """Call every reward on the batch, check and combine; ``timeout`` bounds each call (seconds)."""
+    """Call every reward on the batch with TRL's keywords (grpocli.rewards.context), check and
+    combine; ``state`` is the trainer_state they get; ``timeout`` bounds each call (seconds)."""
+    completions = trl_completions(prompts, completions)
     _check_batch(fns, prompts, completions, columns, completion_ids, combination)
-    calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids)) for i, rf in enumerate(fns)]
+    log = RewardLog()
+    context = {"trainer_state": state if state is not None else trainer_state(),
+               "log_extra": log.log_extra, "log_metric": log.log_metric}
+    calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, context))
+             for i, rf in enumerate(fns)]
     outcomes = call_all(calls, timeout)
     per_reward: dict[str, list[float | None]] = {}
     errors: dict[str, int] = {}
     for i, (rf, outcome) in enumerate(zip(fns, outcomes)):
         if isinstance(outcome, Failed):
-            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeout)
+            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeout, context)
             per_reward[rf.name] = [None] * len(completions)
             errors[rf.name] = len(completions)
         else:
             per_reward[rf.name] = _check_values(i, rf, outcome, len(completions))
     weights, gates = [rf.weight for rf in fns], [rf.gate for rf in fns]
     total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
-    return Scores(per_reward, total, errors)
+    return Scores(per_reward, total, errors, log)
 
 
 def reward_metrics(scores: Scores) -> dict[str, float]:
@@ -114,19 +125,23 @@ def reward_metrics(scores: Scores) -> dict[str, float]:
 
 
 def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
-    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error).
+    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error and,
+    for reward models, batch_size and device).
 
-    UserError for an unknown name, a weight that is not finite, an unknown on_error, or an arg
-    the reward does not accept (``grpocli.rewards.arguments``). A name repeated with other args
-    gets a label ``name#2``, ``name#3``... so metrics stay apart.
+    A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
+    model directory (``grpocli.rewards.references``; registered names first). UserError for a
+    name none of these resolves, a weight that is not finite, an unknown on_error, or an arg the
+    reward does not accept (``grpocli.rewards.arguments``). Labels are the name as written
+    (``file.py:function`` without its directory, a reward model by its directory's name); a label
+    repeated gets ``label#2``, ``label#3``... so metrics stay apart.
     """
     out, seen = [], Counter()
     for i, spec in enumerate(specs):
-        entry = registry.get(spec.name, where=f"rewards[{i}].name")
-        _check_spec(i, spec, entry.fn)
-        seen[spec.name] += 1
-        label = spec.name if seen[spec.name] == 1 else f"{spec.name}#{seen[spec.name]}"
-        out.append(RewardFn(label, entry.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error))
+        found = lookup(spec, i, registry)
+        _check_spec(i, spec, found.fn)
+        seen[found.label] += 1
+        label = found.label if seen[found.label] == 1 else f"{found.label}#{seen[found.label]}"
+        out.append(RewardFn(label, found.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error))
     return out
 
 
@@ -161,7 +176,7 @@ def _check_batch(fns, prompts, completions, columns, completion_ids, combination
                         valid="unique RewardFn.name (grpocli.rewards.resolve labels repeats name#2)")
 
 
-def _kwargs(i, rf, prompts, completions, columns, completion_ids, row: int | None = None) -> dict[str, Any]:
+def _kwargs(i, rf, prompts, completions, columns, completion_ids, context, row: int | None = None) -> dict[str, Any]:
     clash = sorted(set(rf.args) & set(columns))
     if clash:
         raise UserError(
@@ -176,6 +191,7 @@ def _kwargs(i, rf, prompts, completions, columns, completion_ids, row: int | Non
     kwargs.update({k: pick(v) for k, v in columns.items()})
     if completion_ids is not None:
         kwargs["completion_ids"] = pick(completion_ids)
+    kwargs.update(context)
     kwargs.update(rf.args)
     return accepted_kwargs(rf.fn, kwargs, keep=set(rf.args))
 
@@ -218,7 +234,7 @@ def _number(value: Any) -> float | None | Literal[False]:
     return False
 
 
-def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout) -> None:
+def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout, context) -> None:
     """Raise the UserError for a reward that raised, unless on_error = "none" keeps the run going."""
     if isinstance(exc, UserError):
         if exc.where is None:
@@ -228,7 +244,7 @@ def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout) ->
         return
     row = None
     if not isinstance(exc, TimeoutError):
-        row = _locate_row(i, rf, type(exc), prompts, completions, columns, completion_ids, timeout)
+        row = _locate_row(i, rf, type(exc), prompts, completions, columns, completion_ids, timeout, context)
     place = f"on a batch of {len(completions)} completions"
     if row is not None:
         place = f"on row {row} (completion {_short(completions[row])})"
@@ -240,14 +256,16 @@ def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout) ->
                     where=f"rewards[{i}] ({rf.name})", hint=hint) from exc
 
 
-def _locate_row(i, rf, exc_type, prompts, completions, columns, completion_ids, timeout) -> int | None:
+def _locate_row(i, rf, exc_type, prompts, completions, columns, completion_ids, timeout, context) -> int | None:
     """The first row that raises the same exception type when scored alone (None if none does,
     or if looking takes longer than MAX_SECONDS_TO_LOCATE)."""
     deadline = time.monotonic() + MAX_SECONDS_TO_LOCATE
     for row in range(min(len(completions), MAX_ROWS_TO_LOCATE)):
         if time.monotonic() > deadline:
             return None
-        kwargs = _kwargs(i, rf, prompts, completions, columns, completion_ids, row=row)
+        unlogged = RewardLog()  # what a re-scored row logs is not the batch's
+        quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
+        kwargs = _kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row)
         outcome = call_one(rf.fn, kwargs, timeout)
         if isinstance(outcome, Failed) and isinstance(outcome.exc, exc_type):
             return row

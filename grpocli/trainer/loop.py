@@ -28,6 +28,7 @@ from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Sampling
 from grpocli.recipe import Resolved
 from grpocli.rewards import score
+from grpocli.rewards.context import trainer_state
 from grpocli.trainer.advantages import compute_advantages
 from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
 from grpocli.trainer.cadence import is_due
@@ -36,6 +37,7 @@ from grpocli.trainer.collectives import fewest, total
 from grpocli.trainer.metrics import (
     group_metrics,
     length_metrics,
+    logged_metrics,
     reward_summary,
     write_rollouts,
 )
@@ -66,7 +68,7 @@ class Batch:
 
     rollouts: Rollouts            # [B*G] scored, advantages set, this process's groups
     seconds: dict[str, float]     # time/generation (the wait, when generated ahead), time/rewards
-    info: dict[str, float]        # generation/staleness, fill_rounds (where they apply)
+    info: dict[str, float]        # generation/staleness, fill_rounds, rewards' log_metric means
     num_tokens: int               # prompt + completion tokens generated, all processes
     completion_tokens: float      # completion tokens generated, all processes
 
@@ -141,6 +143,7 @@ class Loop:
         s.after_generation(rollouts)
         completion_tokens = total(s.accelerator, float(rollouts.completion_lengths().sum()))
         prompt_tokens = total(s.accelerator, sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
+        info.update(logged_metrics(s.accelerator, rollouts.logged_metrics))  # rewards' log_metric
         return Batch(rollouts, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
     def sample(self, rows: list[dict], seconds: dict[str, float], generated: Any = None) -> Rollouts:
@@ -177,10 +180,12 @@ class Loop:
         """The rollouts with rewards: the weighted total, each reward's values, errors counted."""
         s, r = self.s, self.s.recipe
         column = r.data.prompt_column
+        state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
+                              num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
         scores = score(
             s.reward_fns, rollouts.prompts(column), rollouts.completions,
             rollouts.columns(exclude=(column, "prompt_text")), r.algorithm.reward_combination,
-            completion_ids=rollouts.completion_ids,
+            completion_ids=rollouts.completion_ids, state=state,
         )
         total_reward = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
         op = r.algorithm.overlong_penalty
@@ -188,6 +193,7 @@ class Loop:
             total_reward += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
                                              op.buffer_length, op.penalty)
         rollouts.rewards, rollouts.per_reward, rollouts.reward_errors = total_reward, scores.per_reward, scores.errors
+        rollouts.extra, rollouts.logged_metrics = scores.logged.columns, scores.logged.metrics
         return rollouts
 
     def advantages(self, rollouts: Rollouts) -> Rollouts:

@@ -60,6 +60,8 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
         "advantage": float(rollouts.advantages[i]),
         "truncated": bool(rollouts.truncated[i]),
         "kept": bool(rollouts.keep[i]),
+        **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in rollouts.extra.items()}}
+           if rollouts.extra else {}),
     } for i, completion in enumerate(rollouts.completions)]
     rows = gather_rows(accelerator, rows)
     if not accelerator.is_main_process:
@@ -68,6 +70,27 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
     tmp = run.rollout_file(step).with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     os.replace(tmp, run.rollout_file(step))
+
+
+def logged_metrics(accelerator: Any, logged: dict[str, list[float]]) -> dict[str, float]:
+    """The mean of each rewards' log_metric value over every process (TRL logs their mean)."""
+    names = sorted({name for names in gather_rows(accelerator, [sorted(logged)]) for name in names})
+    out = {}
+    for name in names:
+        values = logged.get(name, [])
+        sums = gather_floats(accelerator, torch.tensor([float(sum(values)), float(len(values))], dtype=torch.float64))
+        count = float(sums.view(-1, 2)[:, 1].sum())
+        out[name] = float(sums.view(-1, 2)[:, 0].sum()) / count if count else math.nan
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    """A value a reward logged, as JSON can hold it (its repr otherwise)."""
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def reward_summary(accelerator: Any, part: Rollouts) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Checks that need no model: every name in the recipe resolves to a registered plugin entry."""
+"""Checks that need no model: every name in the recipe resolves to a registered plugin entry,
+the training split loads, and every reward can be called with what grpo will pass it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ class Checked:
     plugins: Any
     reward_fns: list
     curriculum: Any
+    dataset: Any = None  # the training split (datasets.Dataset)
 
 
 def preflight(recipe: Recipe) -> Checked:
     """Resolve rewards, dataset and curriculum names; UserError (with did-you-mean) otherwise."""
+    from grpocli.data.source import load_dataset_for
     from grpocli.data.source import resolve as resolve_dataset
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
@@ -29,7 +32,19 @@ def preflight(recipe: Recipe) -> Checked:
     curriculum = None
     if recipe.train.curriculum:
         curriculum = plugins.curricula.get(recipe.train.curriculum, where="train.curriculum").fn
-    return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum)
+    dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
+    _check_reward_signatures(reward_fns, recipe, list(dataset.column_names))
+    return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset)
+
+
+def _check_reward_signatures(reward_fns: list, recipe: Recipe, column_names: list[str]) -> None:
+    """Every reward must be callable with TRL's keywords, the columns and its args (a TRL reward
+    with the full signature works; one that requires something nobody passes stops here)."""
+    from grpocli.rewards.arguments import check_reward_signature
+
+    columns = (set(column_names) | {"prompt"}) - {recipe.data.prompt_column}  # as the loop passes them
+    for i, rf in enumerate(reward_fns):
+        check_reward_signature(i, rf.name, rf.fn, rf.args, sorted(columns))
 
 
 def _check_combinations(recipe: Recipe) -> None:

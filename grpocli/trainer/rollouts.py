@@ -23,6 +23,8 @@ class Rollouts:
     rewards: torch.Tensor | None = None             # [B*G] total reward
     per_reward: dict[str, list[float | None]] = field(default_factory=dict)
     reward_errors: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # [B*G] each: rewards' log_extra columns
+    logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
     # filled by advantages
     advantages: torch.Tensor | None = None          # [B*G]
     flat: torch.Tensor | None = None                # [B]   bool: the group's rewards have no spread
@@ -40,6 +42,11 @@ class Rollouts:
         """Every other dataset column, one value per completion ([B*G] each)."""
         names = [k for k in self.rows[0] if k not in exclude] if self.rows else []
         return {k: [row[k] for row in self.rows for _ in range(self.group_size)] for k in names}
+
+    def extra_column(self, name: str) -> list[Any]:
+        """A log_extra column, one value per completion (None where a reward logged none)."""
+        values = self.extra.get(name, [])
+        return [values[i] if i < len(values) else None for i in range(len(self.completion_ids))]
 
     def completion_lengths(self) -> torch.Tensor:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)  # [B*G]
@@ -63,6 +70,9 @@ class Rollouts:
             per_reward={k: [x for p in parts for x in p.per_reward[k]] for k in names},
             reward_errors={k: sum(p.reward_errors.get(k, 0) for p in parts) for k in names
                            if any(p.reward_errors.get(k) for p in parts)},
+            extra={k: [x for p in parts for x in p.extra_column(k)] for k in {k for p in parts for k in p.extra}},
+            logged_metrics={k: [x for p in parts for x in p.logged_metrics.get(k, [])]
+                            for k in {k for p in parts for k in p.logged_metrics}},
         )
 
     def select_groups(self, groups: list[int]) -> Rollouts:
@@ -81,6 +91,8 @@ class Rollouts:
             rewards=self.rewards[pick] if self.rewards is not None else None,
             per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()},
             reward_errors=dict(self.reward_errors),
+            extra={k: [v[i] if i < len(v) else None for i in idx] for k, v in self.extra.items()},
+            logged_metrics=self.logged_metrics,
             advantages=self.advantages[pick] if self.advantages is not None else None,
             flat=self.flat[torch.tensor(groups, dtype=torch.long)] if self.flat is not None else None,
             keep=self.keep[pick] if self.keep is not None else None,

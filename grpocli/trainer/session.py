@@ -61,7 +61,6 @@ class Session:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
-        from grpocli.data.source import load_dataset_for
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.trainer.checkpoint import resume_point
@@ -76,7 +75,7 @@ class Session:
         set_seed(r.train.seed)
         if r.train.torch_threads:
             torch.set_num_threads(r.train.torch_threads)
-        dataset = load_dataset_for(r.data, checked.plugins.datasets, r.data.split, r.train.seed)
+        dataset = checked.dataset
         tokenizer, model, reference = _models(r)
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
         optimizer, scheduler = _optimizer(r, model)
@@ -106,7 +105,12 @@ class Session:
             self.progress.note(f"resuming from {resume_from[1]} (step {self.state.step})")
         if acc.is_main_process:
             self.run.root.mkdir(parents=True, exist_ok=True)
-            self.run.config.write_text(to_toml(r), encoding="utf-8")
+            # what ran, however it was launched: the processes, and the mixed precision accelerate
+            # applied (fp16 on CPU applies none)
+            ran = {"num_processes": acc.num_processes,
+                   "mixed_precision": acc.mixed_precision if acc.native_amp else "no"}
+            self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
+                                       encoding="utf-8")
             self.metrics = MetricsLog(self.run, resume_step=self.state.step)
         if r.log.report_to:
             from grpocli.recipe import flatten

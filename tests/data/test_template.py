@@ -113,7 +113,7 @@ def test_rendered_row_keeps_the_original_prompt_for_rewards(tokenizer):
 
 def test_rendered_prompts_name_the_failing_row(tokenizer):
     rows = [{"question": "a"}, {"other": "b"}]
-    prompts = RenderedPrompts(rows, DataSection(template="{question}"), tokenizer)
+    prompts = RenderedPrompts(rows, DataSection(template="{question}", chat_template="always"), tokenizer)
     assert len(prompts) == 2 and prompts[0]["prompt_text"].endswith("a<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(UserError) as err:
         prompts[1]
@@ -150,3 +150,30 @@ def test_preview_gives_first_rows_with_token_counts(tokenizer):
         ("1+1=", 0, 4, False),
         ("22+3=", 1, 5, True),
     ]
+
+
+def test_auto_follows_trl_plain_prompts_as_they_are_conversational_ones_templated(tokenizer):
+    """TRL's rule by default: a plain-text prompt is sent as it is, chat messages get the template;
+    'always' templates plain text too (true / false still mean always / never)."""
+    plain = render_row({"prompt": "12+7="}, DataSection(), tokenizer)
+    assert plain["prompt_text"] == "12+7=" and plain["prompt"] == "12+7="
+    chat = render_row({"prompt": [{"role": "user", "content": "12+7="}]}, DataSection(), tokenizer)
+    assert chat["prompt_text"] == "<|im_start|>user\n12+7=<|im_end|>\n<|im_start|>assistant\n"
+    assert render_row({"prompt": "12+7="}, DataSection(chat_template="always"), tokenizer)["prompt_text"] == \
+        chat["prompt_text"]
+    assert DataSection(chat_template=True).chat_template == "always"
+    assert DataSection(chat_template=False).chat_template == "never"
+    # a recipe system prompt makes a chat of a plain prompt (there is no plain-text system prompt)
+    with_system = render_row({"prompt": "12+7="}, DataSection(system_prompt="S"), tokenizer)
+    assert with_system["prompt_text"].startswith("<|im_start|>system\nS<|im_end|>")
+
+
+def test_a_rows_own_system_message_is_kept_and_the_override_is_announced(tokenizer, capsys):
+    own = [{"role": "system", "content": "mine"}, {"role": "user", "content": "q"}]
+    rows = [{"prompt": own}, {"prompt": [{"role": "user", "content": "q"}]}, {"prompt": own}]
+    prompts = RenderedPrompts(rows, DataSection(system_prompt="recipe's"), tokenizer)
+    assert "not used for 2 of 3 rows" in capsys.readouterr().err
+    assert prompts[0]["prompt_text"].startswith("<|im_start|>system\nmine<|im_end|>")
+    assert prompts[1]["prompt_text"].startswith("<|im_start|>system\nrecipe's<|im_end|>")
+    RenderedPrompts(rows, DataSection(), tokenizer)  # no recipe system prompt: nothing to say
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,130 @@
+"""TRL 1.16's GRPOConfig fields and the recipe key for each, for users coming from TRL.
+
+`TRL_FIELDS[name] = (recipe key or None, note)`: None means grpo has no such setting (the note
+says why or what to use). Every GRPOConfig field of its own is listed, and the TrainingArguments
+fields a GRPO run sets; `grpo inspect fields --trl NAME` and README's "Coming from TRL" read it.
+The keys' own meaning, bounds and defaults stay in the schema (grpocli.recipe.schema).
+"""
+
+from __future__ import annotations
+
+TRL_FIELDS: dict[str, tuple[str | None, str]] = {
+    # --- TrainingArguments that a GRPO run sets ---
+    "output_dir": ("train.output_dir", ""),
+    "max_steps": ("train.steps", "optimizer steps"),
+    "num_train_epochs": (None, "grpo counts optimizer steps (train.steps); epochs are logged"),
+    "learning_rate": ("train.learning_rate", ""),
+    "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup"),
+    "warmup_steps": ("train.warmup_steps", ""),
+    "warmup_ratio": (None, "use train.warmup_steps"),
+    "weight_decay": ("train.weight_decay", ""),
+    "adam_beta1": ("train.adam_beta1", ""),
+    "adam_beta2": ("train.adam_beta2", ""),
+    "max_grad_norm": ("train.max_grad_norm", ""),
+    "seed": ("train.seed", ""),
+    "bf16": ("train.mixed_precision", "'bf16'"),
+    "fp16": ("train.mixed_precision", "'fp16'"),
+    "gradient_checkpointing": ("model.gradient_checkpointing", ""),
+    "per_device_train_batch_size": ("train.micro_batch_size", "completions per forward/backward"),
+    "gradient_accumulation_steps": ("train.prompts_per_step",
+                                    "grpo sets the batch in prompts: prompts_per_step x num_generations "
+                                    "completions per optimizer step, split into micro-batches"),
+    "save_steps": ("train.save_steps", ""),
+    "save_total_limit": ("train.save_total_limit", ""),
+    "logging_steps": (None, "every step is logged to metrics.jsonl"),
+    "report_to": ("log.report_to", ""),
+    "eval_steps": ("eval.every", ""),
+    "resume_from_checkpoint": ("train.resume", ""),
+    # --- GRPOConfig: model and data ---
+    "model_init_kwargs": ("model.dtype", "dtype and attn_implementation are keys of [model]"),
+    "trust_remote_code": ("model.trust_remote_code", ""),
+    "router_aux_loss_coef": (None, "MoE auxiliary loss: not supported"),
+    "disable_dropout": (None, "not supported"),
+    "cast_lm_head_to_fp32": (None, "log-probs are computed in float32 from any dtype"),
+    "shuffle_dataset": ("data.shuffle", ""),
+    "chat_template_kwargs": (None, "not supported; data.chat_template chooses when the template applies"),
+    "pad_to_multiple_of": (None, "micro-batches are packed or padded to their longest row"),
+    # --- GRPOConfig: generation ---
+    "num_generations": ("generation.num_generations", "G"),
+    "num_generations_eval": ("eval.n", ""),
+    "max_completion_length": ("generation.max_completion_length", ""),
+    "generation_batch_size": ("train.steps_per_generation",
+                              "generation batch = prompts_per_step x steps_per_generation prompts"),
+    "steps_per_generation": ("train.steps_per_generation", ""),
+    "temperature": ("generation.temperature", ""),
+    "top_p": ("generation.top_p", ""),
+    "top_k": ("generation.top_k", ""),
+    "min_p": ("generation.min_p", ""),
+    "repetition_penalty": ("generation.repetition_penalty", ""),
+    "generation_kwargs": ("generation.stop", "stop strings; other sampling keys are [generation] keys"),
+    "cache_implementation": (None, "transformers' default cache"),
+    "ds3_gather_for_generation": (None, "DeepSpeed ZeRO-3 generation: not supported yet"),
+    "use_transformers_continuous_batching": (None, "not supported"),
+    "transformers_continuous_batching_config": (None, "not supported"),
+    "use_transformers_paged": (None, "not supported"),
+    # --- GRPOConfig: vLLM ---
+    "use_vllm": ("generation.backend", "'vllm' (colocate) or 'vllm-server'"),
+    "vllm_mode": ("generation.backend", "colocate -> 'vllm', server -> 'vllm-server'"),
+    "vllm_model_impl": (None, "vLLM's own implementation"),
+    "vllm_enable_sleep_mode": (None, "not supported"),
+    "vllm_structured_outputs_regex": (None, "not supported in training; TRL's client can send it to grpo vllm-serve"),
+    "vllm_server_base_url": ("vllm.server_url", ""),
+    "vllm_server_host": ("vllm.server_url", "host and port in one URL"),
+    "vllm_server_port": ("vllm.server_url", "host and port in one URL"),
+    "vllm_server_timeout": ("vllm.server_timeout", ""),
+    "vllm_group_port": (None, "the weight-transfer port is chosen per sync"),
+    "vllm_gpu_memory_utilization": ("vllm.gpu_memory_utilization", ""),
+    "vllm_max_model_length": ("vllm.max_model_len", ""),
+    "vllm_tensor_parallel_size": (None, "grpo vllm-serve: one engine per server"),
+    "vllm_importance_sampling_correction": ("vllm.importance_sampling_correction", ""),
+    "vllm_importance_sampling_mode": ("vllm.importance_sampling_mode", "TRL's default sequence_mask; grpo's token_truncate"),
+    "vllm_importance_sampling_clip_max": ("vllm.importance_sampling_clip_max", "TRL's default 3.0; grpo's 2.0"),
+    "vllm_importance_sampling_clip_min": ("vllm.importance_sampling_clip_min", ""),
+    "vllm_importance_sampling_cap": ("vllm.importance_sampling_cap", "deprecated in TRL and here: clip_max"),
+    # --- GRPOConfig: the algorithm ---
+    "beta": ("algorithm.beta", ""),
+    "num_iterations": ("algorithm.num_iterations", ""),
+    "epsilon": ("algorithm.epsilon_low", "TRL's epsilon is the lower (and default upper) clip"),
+    "epsilon_high": ("algorithm.epsilon_high", "TRL defaults it to epsilon"),
+    "delta": ("algorithm.delta", ""),
+    "sapo_temperature_neg": ("algorithm.sapo_temperature_neg", ""),
+    "sapo_temperature_pos": ("algorithm.sapo_temperature_pos", ""),
+    "vespo_k_pos": ("algorithm.vespo_k_pos", ""),
+    "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", ""),
+    "vespo_k_neg": ("algorithm.vespo_k_neg", ""),
+    "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", ""),
+    "importance_sampling_level": ("algorithm.importance_sampling_level", ""),
+    "reward_weights": ("rewards[].weight", "one weight per [[rewards]] entry"),
+    "multi_objective_aggregation": ("algorithm.advantage_scale",
+                                    "sum_then_normalize -> 'group' (or 'batch'), normalize_then_sum -> "
+                                    "'normalize_then_sum'"),
+    "scale_rewards": ("algorithm.advantage_scale", "group, batch, none"),
+    "loss_type": ("algorithm.loss", ""),
+    "mask_truncated_completions": ("algorithm.mask_truncated_completions", "with algorithm.truncated_rows = 'count' as TRL"),
+    "sync_ref_model": ("algorithm.ref_sync_steps", "on when ref_sync_steps > 0"),
+    "ref_model_mixup_alpha": ("algorithm.ref_sync_alpha", "TRL's default 0.6; grpo's 1.0"),
+    "ref_model_sync_steps": ("algorithm.ref_sync_steps", ""),
+    "top_entropy_quantile": ("algorithm.top_entropy_quantile", ""),
+    "entropy_coef": ("algorithm.entropy_coef", ""),
+    "use_adaptive_entropy": (None, "adaptive entropy control (Skywork-OR1): not supported"),
+    "entropy_coef_min": (None, "adaptive entropy control: not supported"),
+    "entropy_coef_max": (None, "adaptive entropy control: not supported"),
+    "entropy_coef_delta": (None, "adaptive entropy control: not supported"),
+    "entropy_target": (None, "adaptive entropy control: not supported"),
+    "max_tool_calling_iterations": (None, "tools are not supported yet"),
+    "off_policy_mask_threshold": (None, "off-policy sequence masking: not supported"),
+    "use_bias_correction_kl": ("algorithm.kl_importance_correction", "TRL's default true; grpo's false"),
+    # --- GRPOConfig: logging ---
+    "log_completions": ("log.rollouts_every", "every completion of a step goes to rollouts/step-N.jsonl"),
+    "log_multimodal": (None, "text only"),
+    "num_completions_to_print": (None, "grpo inspect RUN --rollouts STEP prints them"),
+    "log_unique_prompts": (None, "rollouts hold every prompt"),
+    "log_completions_hub_repo": (None, "no hub uploads"),
+}
+
+
+def lookup(name: str) -> dict[str, tuple[str | None, str]]:
+    """The entries whose TRL name contains ``name`` (case-insensitive), exact match first."""
+    needle = name.lower()
+    hits = {k: v for k, v in TRL_FIELDS.items() if needle in k.lower()}
+    return dict(sorted(hits.items(), key=lambda kv: (kv[0].lower() != needle, kv[0])))
