@@ -3,5 +3,7 @@
 protocol.py  grpo's own protocol (version PROTOCOL_VERSION): its paths and the pydantic request bodies
 host.py      the engine's single thread, weight updates in flight, their timeouts
 app.py       the routes of that protocol, the API key, errors as 4xx with a reason; run_server()
-trl.py       the paths and request bodies TRL's VLLMClient uses, answered by the same engine
+trl.py       the paths TRL's VLLMClient uses (vLLM's server's), answered by the same engine
+completions.py  their OpenAI-style bodies -> vLLM SamplingParams, vLLM's outputs -> choices and log-probs
+transfer.py  TRL's weight sync (vLLM's weight-transfer-engine paths): the group with the trainer, packed broadcasts
 """

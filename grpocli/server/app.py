@@ -4,7 +4,8 @@ The server binds 127.0.0.1 unless told otherwise. With an API key, every route t
 state (weights, cache, group, close) requires it, as ``Authorization: Bearer KEY`` or
 ``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong; no
 request can stop the server except POST /close. The paths and fields are listed in protocol.py;
-TRL's VLLMClient paths are added by trl.py.
+TRL's VLLMClient paths are added by trl.py. As with TRL's own server (``--max-logprobs -1``), a
+request may ask for any number of log-probs.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
 
     from grpocli.server.trl import add_trl_routes
 
-    add_trl_routes(app, host, request_timeout=request_timeout)
+    add_trl_routes(app, host, key, request_timeout=request_timeout)
     return app
 
 
@@ -168,7 +169,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
               "can replace the weights", flush=True)
     t0 = time.perf_counter()
     engine = VllmEngine(source.path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                        gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=20,
+                        gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=-1,
                         where="--model")
     engine_host = EngineHost(engine, bind_host=host)
     app = build_app(engine_host, api_key=api_key)

@@ -47,9 +47,10 @@ class WeightUpdate:
     """One update in flight: checked buckets on a bounded queue, consumed by the engine thread."""
 
     def __init__(self, expected: dict[str, TensorSpec], aliases: dict[str, str], timeout: float,
-                 transport: str) -> None:
+                 transport: str, *, complete: bool = True) -> None:
         self.id = uuid.uuid4().hex
         self.expected, self.aliases, self.timeout, self.transport = expected, aliases, timeout, transport
+        self.complete = complete  # must every tensor come? (TRL's updates may carry whole layers only)
         self.repeats: dict[str, list[str]] = {}  # name -> its aliases (tied weights travel once)
         for alias, name in aliases.items():
             self.repeats.setdefault(name, []).append(alias)
@@ -96,7 +97,7 @@ class WeightUpdate:
             if item is _ABORT:
                 raise RuntimeError("the client aborted the update")
             yield from item
-        missing = sorted(set(self.expected) - self.received)
+        missing = sorted(set(self.expected) - self.received) if self.complete else []
         if missing:
             raise ValueError(f"the update ended without {len(missing)} of the engine's tensors "
                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
@@ -143,13 +144,11 @@ class EngineHost:
             self._refuse_while_updating()
         return self.run(self.engine.generate, prompts, n, sampling, logprobs=logprobs, seed=seed, timeout=timeout)
 
-    def raw(self, prompts: list, n: int, sampling: Any, *, logprobs: int | None, seed: int | None,
-            chat: bool, timeout: float) -> list[Any]:
-        """vLLM's own RequestOutputs (for the OpenAI-style routes TRL's client reads)."""
+    def call(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
+        """fn(engine, *args, **kwargs) on the engine thread, refused while the weights change or are incomplete."""
         with self.lock:
             self._refuse_while_updating()
-        return self.run(self.engine.raw, prompts, n, sampling, logprobs=logprobs, seed=seed, chat=chat,
-                        timeout=timeout)
+        return self.run(fn, self.engine, *args, timeout=timeout, **kwargs)
 
     def reset_prefix_cache(self, timeout: float) -> None:
         with self.lock:
@@ -175,20 +174,22 @@ class EngineHost:
 
     # -- weight updates ------------------------------------------------------------------
     def begin(self, spec: list[TensorSpec] | None, aliases: dict[str, str], timeout: float,
-              transport: str) -> WeightUpdate:
+              transport: str, *, complete: bool = True) -> WeightUpdate:
+        """Start an update; ``transport`` is "http", "gloo" or "nccl" (grpo's group) or "trl" (TRL's group,
+        see transfer.py); ``complete``: the update must hold every tensor of the engine's checkpoint."""
         expected = self.engine.spec
         with self.lock:
             self._reap()
             if self.update is not None:
                 raise ServerError(409, f"another weight update ({self.update.id}) is in progress")
-            if transport != "http" and self.group_backend != transport:
+            if transport in ("gloo", "nccl") and self.group_backend != transport:
                 raise ServerError(409, f"no {transport} group is open; POST /weights/group first")
             bad = [f"{a} -> {t}" for a, t in aliases.items() if expected and t not in expected]
             problems = spec_problems(expected, spec) if spec is not None and expected else []
             if bad or problems:
                 raise ServerError(409, "the weights do not fit the engine's model: "
                                   + "; ".join([*(f"alias of an unknown tensor: {b}" for b in bad), *problems]))
-            u = WeightUpdate(expected, aliases, timeout, transport)
+            u = WeightUpdate(expected, aliases, timeout, transport, complete=complete)
             u.future = self.pool.submit(self.engine.load_weights, u.tensors())
             self.update = u
             return u
@@ -239,7 +240,8 @@ class EngineHost:
                 if self.update is u:
                     self.update = None
         self.version += 1
-        self.broken = None
+        if not u.expected or set(u.expected) <= u.received:  # a partial (TRL) update does not repair
+            self.broken = None
         return {"weights_version": self.version, "tensors": count, "seconds": time.perf_counter() - u.started}
 
     # -- the broadcast group ------------------------------------------------------------

@@ -1,5 +1,6 @@
 """grpo's own protocol of `grpo vllm-serve`: the paths, and the request bodies as pydantic models (a
-malformed body is a 422 naming the field). TRL's paths and bodies are in trl.py.
+malformed body is a 422 naming the field). TRL's paths are in trl.py (their bodies: completions.py,
+transfer.py).
 
 Protocol version 1. Paths (state-changing ones need the API key when the server has one):
 

@@ -76,20 +76,22 @@ def _free_port() -> int:
 
 
 class Server:
-    """A real `grpo vllm-serve` subprocess on 127.0.0.1 (a free port), started with an API key."""
+    """A real `grpo vllm-serve` subprocess on 127.0.0.1 (a free port), started with an API key
+    (``api_key=None``: without one, as TRL's client needs: it sends none)."""
 
-    def __init__(self, model_dir, log_path) -> None:
+    def __init__(self, model_dir, log_path, api_key: str | None = API_KEY, env: dict | None = None) -> None:
         import subprocess
         import sys
 
-        self.model_dir, self.port, self.key = str(model_dir), _free_port(), API_KEY
+        self.model_dir, self.port, self.key = str(model_dir), _free_port(), api_key
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", self.model_dir,
-             "--port", str(self.port), "--dtype", "float32", "--max-model-len", "256", "--api-key", self.key],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+             "--port", str(self.port), "--dtype", "float32", "--max-model-len", "256",
+             *(["--api-key", self.key] if self.key else [])],
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def wait(self, timeout: float = 180.0) -> None:
@@ -118,7 +120,7 @@ class Server:
         if self.proc.poll() is None:
             try:
                 req = urllib.request.Request(self.url + "/close", data=b"{}", method="POST",
-                                             headers={"Authorization": f"Bearer {self.key}",
+                                             headers={"Authorization": f"Bearer {self.key or ''}",
                                                       "Content-Type": "application/json"})
                 urllib.request.urlopen(req, timeout=10).read()
                 self.proc.wait(timeout=30)
@@ -152,6 +154,35 @@ def vllm_server(tiny_dir, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def server_factory(tiny_dir, tmp_path_factory):
+    """start(api_key=None, env=None) -> another running Server on the tiny model; all stop with the module."""
+    started = []
+
+    def start(api_key: str | None = None, env: dict | None = None) -> Server:
+        server = Server(tiny_dir, tmp_path_factory.mktemp("server") / "server.log", api_key=api_key, env=env)
+        started.append(server)
+        server.wait()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def keyless_server(server_factory):
+    """A server without an API key, for TRL's VLLMClient (it sends none); one per module that asks."""
+    return server_factory(api_key=None)
+
+
+@pytest.fixture
+def free_port():
+    return _free_port
 
 
 def http_call(method: str, url: str, body=None, *, key: str | None = None, data: bytes | None = None,
