@@ -11,6 +11,10 @@ Examples:
   grpo eval quickstart --checkpoint runs/quickstart/checkpoints/step-100 --n 8 --k 1,4,8
 
   grpo eval quickstart --base --checkpoint runs/quickstart      (base vs newest checkpoint)
+
+  grpo eval quickstart --checkpoint runs/quickstart --temperature 0.6 --top-p 0.95 --max-tokens 256
+
+A LoRA checkpoint (adapters only) is loaded onto its base model and merged.
 """
 
 
@@ -33,8 +37,15 @@ def evaluate(
         None, "--threshold", help="A sample succeeds when its reward is >= this (default: eval.success_threshold)."),
     output_dir: str = typer.Option(
         None, "--output-dir", help="Where samples and summaries go (default: the checkpoint's run dir /eval)."),
+    temperature: float = typer.Option(
+        None, "--temperature", help="Sampling temperature (default: eval.temperature, else generation.temperature)."),
+    top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling (default: eval.top_p, else generation.top_p)."),
+    max_tokens: int = typer.Option(
+        None, "--max-tokens", help="Longest completion in tokens (default: eval.max_tokens, else "
+        "generation.max_completion_length)."),
 ) -> None:
     from grpocli.evaluation.comparison import run_eval
 
     run_eval(recipe, overrides or [], checkpoints=checkpoint or [], split=split, n=n, k=k, base=base,
-             num_prompts=num_prompts, threshold=threshold, output_dir=output_dir)
+             num_prompts=num_prompts, threshold=threshold, output_dir=output_dir, temperature=temperature,
+             top_p=top_p, max_tokens=max_tokens)

@@ -5,7 +5,9 @@ The backend comes from the same table as training's (grpocli.generation.backends
 
 Names (rewards, dataset, split, k) and checkpoints are checked before any model loads. Each
 model samples from the same prompts with the same seed (train.seed), so a checkpoint and the
-base model are compared on equal terms.
+base model are compared on equal terms, with [eval]'s sampling (temperature, top_p, max_tokens;
+unset: [generation]'s) or the command line's. A LoRA checkpoint (adapters only) is loaded onto
+its base model and merged (grpocli.models.export).
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ from typing import Any
 from rich.console import Console
 
 from grpocli.errors import UserError
-from grpocli.evaluation.evaluator import EvalSettings, evaluate
+from grpocli.evaluation.evaluator import EvalSettings, eval_sampling, evaluate
 from grpocli.evaluation.records import eval_dir, write_eval
 from grpocli.evaluation.report import comparison_table
 from grpocli.evaluation.targets import Target, resolve_targets
+from grpocli.models.export import (
+    CheckpointModel,
+    checkpoint_model,
+    is_adapter,
+    open_model,
+)
 
 
 def parse_k(text: str | None) -> list[int] | None:
@@ -40,7 +48,8 @@ def parse_k(text: str | None) -> list[int] | None:
 def run_eval(
     recipe: str, overrides: list[str], *, checkpoints: list[str], split: str | None = None,
     n: int | None = None, k: str | None = None, base: bool = False, num_prompts: int | None = None,
-    threshold: float | None = None, output_dir: str | None = None, console: Console | None = None,
+    threshold: float | None = None, output_dir: str | None = None, temperature: float | None = None,
+    top_p: float | None = None, max_tokens: int | None = None, console: Console | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Evaluate the base model and/or checkpoints; print one table; return {label: summary}."""
     from grpocli.data.source import load_dataset_for
@@ -54,7 +63,9 @@ def run_eval(
     r = resolved.recipe
     ev = r.eval
     settings = EvalSettings.from_section(ev, n=n, k=parse_k(k), threshold=threshold)
+    sampling = eval_sampling(r, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     targets = resolve_targets(checkpoints, base=base)
+    models = {t.label: model_for(r, t) for t in targets}  # an adapter without a base fails here
     plugins = load_plugins()
     reward_fns = resolve(r.rewards, plugins.rewards)
     settings.check([f.name for f in reward_fns])
@@ -65,10 +76,11 @@ def run_eval(
     root = _eval_root(output_dir or ev.output_dir, targets, resolved)
     summaries: dict[str, dict[str, Any]] = {}
     for target in targets:
-        if target.note:
-            notes.print(f"note: {target.note}")
+        for note in (target.note, models[target.label].note):
+            if note:
+                notes.print(f"note: {note}")
         notes.print(f"evaluating {target.label} on {count} prompts of split {split!r} x {settings.n} samples")
-        summary = _evaluate_one(target, r, dataset, count, reward_fns, settings)
+        summary = _evaluate_one(target, models[target.label], r, dataset, count, reward_fns, settings, sampling)
         summary.update(recipe=resolved.name, recipe_path=str(resolved.path or ""), split=split)
         out = write_eval(eval_dir(root, target.label, split), summary.pop("samples"), summary)
         notes.print(f"wrote {out}/samples.jsonl and summary.json")
@@ -79,19 +91,16 @@ def run_eval(
     return summaries
 
 
-def _evaluate_one(target: Target, r: Any, dataset: Any, count: int,
-                  reward_fns: list, settings: EvalSettings) -> dict[str, Any]:
+def _evaluate_one(target: Target, model: CheckpointModel, r: Any, dataset: Any, count: int,
+                  reward_fns: list, settings: EvalSettings, sampling: Any) -> dict[str, Any]:
     from transformers import set_seed
 
     from grpocli.data.template import RenderedPrompts
-    from grpocli.generation.base import Sampling
 
-    model_section = model_section_for(r.model, target)
-    tokenizer, backend = _open_backend(model_section, r)
+    tokenizer, backend = _open_backend(model, r, sampling)
     try:
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
         rows = [prompts[i] for i in range(count)]
-        sampling = Sampling.from_section(r.generation)
         set_seed(r.train.seed)  # every model samples from the same random stream
         t0 = time.perf_counter()
         result = evaluate(backend, tokenizer, rows, reward_fns, settings, sampling,
@@ -99,7 +108,8 @@ def _evaluate_one(target: Target, r: Any, dataset: Any, count: int,
     finally:
         backend.close()
     return {
-        "model": str(target.path) if target.path else model_section.name_or_path,
+        "model": str(target.path) if target.path else model.section.name_or_path,
+        **({"base_model": model.section.name_or_path} if model.adapter else {}),
         "label": target.label, "n": settings.n, "k": list(settings.k),
         "success_threshold": settings.success_threshold, "success_reward": settings.success_reward,
         "seed": r.train.seed, "sampling": asdict(sampling),
@@ -107,30 +117,37 @@ def _evaluate_one(target: Target, r: Any, dataset: Any, count: int,
     }
 
 
+def model_for(r: Any, target: Target) -> CheckpointModel:
+    """What to load for ``target``: the recipe's model, a checkpoint, or LoRA adapters on their base."""
+    if target.path is not None and is_adapter(target.path):
+        return checkpoint_model(target.path, model=r.model, seed=r.train.seed)
+    return CheckpointModel(model_section_for(r.model, target), r.train.seed)
+
+
 def model_section_for(model: Any, target: Target) -> Any:
     """The recipe's [model] for the base; for a checkpoint its directory and its saved tokenizer
-    (else the base model's), without fresh LoRA adapters or gradient checkpointing."""
-    update: dict[str, Any] = {"gradient_checkpointing": False,
-                              "lora": model.lora.model_copy(update={"enabled": False})}
-    if target.path is not None:
-        update["name_or_path"] = str(target.path)
-        has_tokenizer = (target.path / "tokenizer_config.json").exists()
-        update["tokenizer"] = None if has_tokenizer else (model.tokenizer or model.name_or_path)
-    return model.model_copy(update=update)
+    (else the base model's), without fresh LoRA adapters or gradient checkpointing; for LoRA
+    adapters their base model's section (grpocli.models.export.checkpoint_model)."""
+    if target.path is None:
+        return model.model_copy(update={"gradient_checkpointing": False,
+                                        "lora": model.lora.model_copy(update={"enabled": False})})
+    return checkpoint_model(target.path, model=model).section
 
 
-def _open_backend(model_section: Any, r: Any) -> tuple[Any, Any]:
-    """The model of ``model_section`` and the recipe's generation backend around it."""
+def _open_backend(model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, Any]:
+    """The model (adapters merged) and the recipe's generation backend around it, made to hold
+    completions of ``sampling.max_tokens``."""
     import torch
 
     from grpocli.generation.backends import build_backend
-    from grpocli.models import load_policy, load_tokenizer
+    from grpocli.models import load_tokenizer
 
-    tokenizer = load_tokenizer(model_section)
+    tokenizer = load_tokenizer(model.section)
     device = "cuda" if torch.cuda.is_available() and r.generation.backend == "hf" else None
-    model = load_policy(model_section, r.train.seed, device=device)
-    model.eval()
-    return tokenizer, build_backend(model, tokenizer, r, seed=r.train.seed)
+    policy = open_model(model, device=device)
+    longest = max(r.generation.max_completion_length, sampling.max_tokens)
+    r = r.model_copy(update={"generation": r.generation.model_copy(update={"max_completion_length": longest})})
+    return tokenizer, build_backend(policy, tokenizer, r, seed=r.train.seed)
 
 
 def _eval_root(configured: str | None, targets: list[Target], resolved: Any) -> Path:

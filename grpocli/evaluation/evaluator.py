@@ -51,6 +51,35 @@ class EvalSettings:
                             hint="use the name (or name#2 label) of a [[rewards]] entry")
 
 
+def eval_sampling(recipe: Any, *, temperature: float | None = None, top_p: float | None = None,
+                  max_tokens: int | None = None) -> Any:
+    """The ``Sampling`` evaluation uses: [generation]'s, with [eval]'s temperature, top_p and
+    max_tokens where set (None: the [generation] value), command-line values over both."""
+    from dataclasses import replace
+
+    from grpocli.generation.base import Sampling
+
+    check_sampling_flags(temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    ev = recipe.eval
+    chosen = {"temperature": temperature if temperature is not None else ev.temperature,
+              "top_p": top_p if top_p is not None else ev.top_p,
+              "max_tokens": max_tokens if max_tokens is not None else ev.max_tokens}
+    return replace(Sampling.from_section(recipe.generation), **{k: v for k, v in chosen.items() if v is not None})
+
+
+def check_sampling_flags(*, temperature: float | None, top_p: float | None, max_tokens: int | None) -> None:
+    """The bounds of [eval]'s keys, for the `grpo eval` flags that override them."""
+    if temperature is not None and not 0.0 < temperature <= 10.0:
+        raise UserError(f"--temperature {temperature:g} is out of range", where="--temperature",
+                        valid="0 < temperature <= 10", hint="--temperature 0.6")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UserError(f"--top-p {top_p:g} is out of range", where="--top-p",
+                        valid="0 < top_p <= 1", hint="--top-p 0.95")
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens {max_tokens} is out of range", where="--max-tokens",
+                        valid="an integer >= 1", hint="--max-tokens 512")
+
+
 @dataclass
 class EvalResult:
     samples: list[dict[str, Any]]       # [B*N] one record per completion, prompt-major

@@ -7,16 +7,23 @@ generation backend; the returned ``eval/...`` metrics go into metrics.jsonl and 
 into eval/step-N-<split>/. Under several processes each samples its share of the prompts and
 the records are gathered before summarizing. Sampling runs under ``torch.random.fork_rng``
 seeded by train.seed + step, so evaluating does not change the training run's random stream.
+It samples with [eval]'s temperature, top_p and max_tokens where set, else [generation]'s.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from grpocli.evaluation.evaluator import EvalSettings, sample_and_score, summarize
+from grpocli.errors import UserError
+from grpocli.evaluation.evaluator import (
+    EvalSettings,
+    eval_sampling,
+    sample_and_score,
+    summarize,
+)
 from grpocli.evaluation.records import eval_dir, write_eval
 
 
@@ -47,6 +54,7 @@ class PeriodicEval:
         if not ev.every:
             return None
         EvalSettings.from_section(ev).check([f.name for f in reward_fns], where="eval.k")
+        check_engine_length(recipe, eval_sampling(recipe))
         from grpocli.data.source import load_dataset_for
         from grpocli.data.template import RenderedPrompts
         from grpocli.registry import load_plugins
@@ -64,23 +72,24 @@ class PeriodicEval:
         """``{"eval/reward": ..., "eval/pass@1": ..., "time/eval": ...}`` for the model at ``step``."""
         r = self.recipe
         settings = EvalSettings.from_section(r.eval)
+        sampling = eval_sampling(r)
         t0 = time.perf_counter()
-        samples = self._gather(self._sample(settings, seed=r.train.seed + step, step=step))
+        samples = self._gather(self._sample(settings, sampling, seed=r.train.seed + step, step=step))
         metrics = summarize(samples, settings)
         seconds = time.perf_counter() - t0
         if self._is_main() and self.run_root is not None:
             summary = {"label": f"step-{step}", "step": step, "split": self.split, "n": settings.n,
                        "k": list(settings.k), "success_threshold": settings.success_threshold,
-                       "success_reward": settings.success_reward, "metrics": metrics}
+                       "success_reward": settings.success_reward, "sampling": asdict(sampling),
+                       "metrics": metrics}
             write_eval(eval_dir(Path(self.run_root) / "eval", f"step-{step}", self.split), samples, summary)
         out = {f"eval/{k}": float(v) for k, v in metrics.items() if v is not None}
         out["time/eval"] = seconds
         return out
 
-    def _sample(self, settings: EvalSettings, *, seed: int, step: int) -> list[dict]:
+    def _sample(self, settings: EvalSettings, sampling: Any, *, seed: int, step: int) -> list[dict]:
         import torch
 
-        from grpocli.generation.base import Sampling
         from grpocli.rewards.context import trainer_state
 
         r = self.recipe
@@ -88,7 +97,7 @@ class PeriodicEval:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             return sample_and_score(self.backend, self.tokenizer, self.rows, self.reward_fns, settings,
-                                    Sampling.from_section(r.generation), prompt_column=r.data.prompt_column,
+                                    sampling, prompt_column=r.data.prompt_column,
                                     combination=r.algorithm.reward_combination, indices=self.indices,
                                     state=trainer_state(global_step=step, max_steps=r.train.steps))
 
@@ -101,3 +110,18 @@ class PeriodicEval:
         from accelerate.utils import gather_object
 
         return sorted(gather_object(samples), key=lambda s: (s["prompt_index"], s["sample"]))
+
+
+def check_engine_length(recipe: Any, sampling: Any) -> None:
+    """The colocated vLLM engine holds data.max_prompt_length + generation.max_completion_length
+    tokens (unless vllm.max_model_len says otherwise): longer eval completions do not fit."""
+    if recipe.generation.backend != "vllm":
+        return
+    need = recipe.data.max_prompt_length + sampling.max_tokens
+    have = recipe.vllm.max_model_len or recipe.data.max_prompt_length + recipe.generation.max_completion_length
+    if need > have:
+        raise UserError(
+            f"eval.max_tokens = {sampling.max_tokens} does not fit the colocated vLLM engine, which holds "
+            f"{have} tokens (prompt + completion)", where="eval.max_tokens",
+            valid=f"eval.max_tokens <= {have - recipe.data.max_prompt_length}, or vllm.max_model_len >= {need}",
+            hint=f"vllm.max_model_len={need}")

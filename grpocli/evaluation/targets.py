@@ -1,7 +1,7 @@
 """The models one `grpo eval` compares: the recipe's base model and/or checkpoint directories.
 
-A ``--checkpoint`` is a directory written by save_pretrained (``runs/x/checkpoints/step-200``),
-or a run directory (its newest complete checkpoint is taken, with a note). A checkpoint that
+A ``--checkpoint`` is a directory written by save_pretrained (``runs/x/checkpoints/step-200``;
+a LoRA run's holds adapter_config.json and the adapters only), or a run directory (its newest complete checkpoint is taken, with a note). A checkpoint that
 does not exist is an error naming the complete checkpoints of its run. No torch here.
 """
 
@@ -44,7 +44,9 @@ def resolve_targets(checkpoints: list[str], *, base: bool) -> list[Target]:
     return out
 
 
-def resolve_checkpoint(value: str) -> Target:
+def resolve_checkpoint(value: str, *, where: str = "--checkpoint") -> Target:
+    """A checkpoint directory, or a run directory's newest complete checkpoint; ``where`` names
+    the argument in errors."""
     path = Path(value).expanduser()
     if path.is_dir() and any((path / f).exists() for f in MODEL_FILES):
         run_root = path.parent.parent if path.parent.name == "checkpoints" else None
@@ -52,20 +54,20 @@ def resolve_checkpoint(value: str) -> Target:
     run = RunDir(path)
     if path.is_dir() and run.list_checkpoints():
         step, latest = run.latest_checkpoint()
-        return Target(latest.name, latest, path, note=f"{value} is a run directory: evaluating its newest "
+        return Target(latest.name, latest, path, note=f"{value} is a run directory: taking its newest "
                       f"checkpoint step-{step}")
     if path.name.endswith(".tmp") or path.with_name(path.name + ".tmp").exists():
         raise UserError(f"the checkpoint {value} is incomplete (still being written, or the run "
-                        "stopped while saving it)", where="--checkpoint",
+                        "stopped while saving it)", where=where,
                         valid=_available(path), hint="use a complete step-N directory")
     if path.is_dir() and run.has_run():
-        raise UserError(f"the run {value} has no complete checkpoint yet", where="--checkpoint",
+        raise UserError(f"the run {value} has no complete checkpoint yet", where=where,
                         hint=f"wait for train.save_steps, or `grpo inspect {value}`")
     if path.is_dir():
         raise UserError(f"{value} is not a checkpoint: it has no {' or '.join(MODEL_FILES)}",
-                        where="--checkpoint", valid=_available(path),
+                        where=where, valid=_available(path),
                         hint="a directory written by save_pretrained, e.g. runs/NAME/checkpoints/step-N")
-    raise UserError(f"no checkpoint at {value}", where="--checkpoint", valid=_available(path),
+    raise UserError(f"no checkpoint at {value}", where=where, valid=_available(path),
                     hint=_hint(path))
 
 

@@ -13,6 +13,11 @@ overlong completions):
     format_only        the reward rises only in the format component (rewards named format.*)
     length_explosion   the mean completion length grows several-fold
     kl_explosion       the KL to the reference grows large
+    entropy_collapse   the policy's entropy falls to a small part of its early value
+    spread_loss        the share of groups without reward spread climbs high (before no_signal)
+    skipped_updates    many optimizer steps are skipped (no group in the loss, or a non-finite
+                       gradient)
+    grad_spike         the gradient norm jumps far above its running median
 
 ``check(history)`` says what holds now; ``scan(history)`` says when each first and last held
 (`grpo inspect`); ``Watch`` keeps the history during training and reports each alert as it starts.
@@ -21,6 +26,7 @@ overlong completions):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,10 @@ TRUNCATED_FRAC, TRUNCATED_STEPS = 0.5, 5
 FORMAT_WINDOW, FORMAT_RISE, TASK_FLAT = 10, 0.2, 0.05
 LENGTH_WINDOW, LENGTH_GROWTH, LENGTH_MIN_TOKENS = 5, 3.0, 32.0
 KL_WINDOW, KL_LIMIT, KL_GROWTH, KL_FLOOR = 3, 1.0, 10.0, 0.1
+ENTROPY_WINDOW, ENTROPY_FRACTION, ENTROPY_FLOOR = 5, 0.2, 0.1
+SPREAD_WINDOW, SPREAD_LEVEL, SPREAD_RISE = 5, 0.6, 0.3
+SKIP_WINDOW, SKIP_MIN_STEPS, SKIP_FRAC, SKIP_COUNT = 10, 5, 0.3, 3
+GRAD_WINDOW, GRAD_MIN_STEPS, GRAD_SPIKE = 20, 5, 10.0
 FORMAT_PREFIX = "format."
 
 History = Sequence[dict[str, Any]]
@@ -164,20 +174,85 @@ def kl_explosion(h: History, end: int) -> Alert | None:
         "train.learning_rate, raise algorithm.beta, or check for a reward that can be gamed"), _step(h, end))
 
 
+def entropy_collapse(h: History, end: int) -> Alert | None:
+    early = _window(h, min(end, ENTROPY_WINDOW), "entropy", ENTROPY_WINDOW, updated=True)
+    recent = _window(h, end, "entropy", ENTROPY_WINDOW, updated=True)
+    if end < 2 * ENTROPY_WINDOW or not early or not recent:
+        return None
+    before, now = _mean(early), _mean(recent)
+    if before <= 0 or now >= ENTROPY_FRACTION * before or now >= ENTROPY_FLOOR:
+        return None
+    return Alert("entropy_collapse", (
+        f"entropy collapsed: {before:.3g} -> {now:.3g} nats/token ({_pct(now / before)} of its start): the "
+        "policy samples nearly the same completion every time, so groups lose their spread and exploration "
+        "stops. Raise generation.temperature, lower train.learning_rate, widen the clip upward "
+        "(algorithm.epsilon_high, DAPO's clip-higher) or add algorithm.entropy_coef > 0"), _step(h, end))
+
+
+def spread_loss(h: History, end: int) -> Alert | None:
+    early = _window(h, min(end, SPREAD_WINDOW), "frac_reward_zero_std", SPREAD_WINDOW)
+    recent = _window(h, end, "frac_reward_zero_std", SPREAD_WINDOW)
+    if end < 2 * SPREAD_WINDOW or not early or not recent or no_signal(h, end) is not None:
+        return None
+    before, now = _mean(early), _mean(recent)
+    if now < SPREAD_LEVEL or now - before < SPREAD_RISE:
+        return None
+    return Alert("spread_loss", (
+        f"more and more groups have no reward spread: frac_reward_zero_std {_pct(before)} -> {_pct(now)} "
+        "(every completion of a group got the same reward, so it teaches nothing). The prompts became too "
+        "easy (all solved: look at the reward) or too hard. Use harder prompts or a curriculum "
+        "(train.curriculum), raise generation.num_generations, or set algorithm.fill_batch = true "
+        "(DAPO's dynamic sampling)"), _step(h, end))
+
+
+def skipped_updates(h: History, end: int) -> Alert | None:
+    values = _window(h, end, "skipped_update", SKIP_WINDOW)
+    skipped = sum(v > 0 for v in values)
+    if len(values) < SKIP_MIN_STEPS or skipped < SKIP_COUNT or skipped < SKIP_FRAC * len(values):
+        return None
+    return Alert("skipped_updates", (
+        f"{skipped} of the last {len(values)} optimizer steps were skipped (skipped_update): no group had "
+        "reward spread, or the gradient was not finite. With frac_reward_zero_std near 1 make the task fit "
+        "the model (see no_signal); otherwise lower train.learning_rate, keep train.max_grad_norm > 0 and "
+        "prefer bf16 to fp16 (train.mixed_precision)"), _step(h, end))
+
+
+def grad_spike(h: History, end: int) -> Alert | None:
+    now = _window(h, end, "grad_norm", 1)
+    before = [v for v in _window(h, end - 1, "grad_norm", GRAD_WINDOW) if v > 0]
+    if not now or len(before) < GRAD_MIN_STEPS:
+        return None
+    median = statistics.median(before)
+    if now[0] <= GRAD_SPIKE * median:
+        return None
+    return Alert("grad_spike", (
+        f"gradient-norm spike: grad_norm {now[0]:.3g} is {now[0] / median:.0f}x its running median {median:.3g} "
+        f"(last {len(before)} steps). Look at this step's rollouts (grpo inspect RUN --rollouts STEP) for "
+        "degenerate or very long completions; lower train.learning_rate, or clip harder "
+        "(train.max_grad_norm)"), _step(h, end))
+
+
 RULES: dict[str, Callable[[History, int], Alert | None]] = {
     "no_signal": no_signal,
     "truncated": truncated,
     "format_only": format_only,
     "length_explosion": length_explosion,
     "kl_explosion": kl_explosion,
+    "entropy_collapse": entropy_collapse,
+    "spread_loss": spread_loss,
+    "skipped_updates": skipped_updates,
+    "grad_spike": grad_spike,
 }
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _window(h: History, end: int, key: str, size: int) -> list[float]:
-    """The finite numbers under ``key`` in h[end-size:end]."""
+def _window(h: History, end: int, key: str, size: int, *, updated: bool = False) -> list[float]:
+    """The finite numbers under ``key`` in h[end-size:end] (``updated``: of steps not skipped,
+    whose figures describe a real update: a skipped one logs entropy 0)."""
     out = []
     for m in h[max(0, end - size):end]:
+        if updated and m.get("skipped_update"):
+            continue
         v = m.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out.append(float(v))

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from grpocli.errors import UserError
 from grpocli.inspection import plot
-from grpocli.inspection.alerts import scan
+from grpocli.inspection.alerts import RULES, scan
 from grpocli.rundir import RunDir, read_jsonl
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -159,7 +159,8 @@ def eval_table(run: RunDir) -> Table | None:
 
 
 def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> None:
-    """The n best and n worst completions of a step by total reward, with rewards and advantages."""
+    """The n best and n worst completions of a step by total reward, with rewards, advantages and
+    the dataset columns of their prompts (the gold answer, ...)."""
     path = run.rollout_file(step)
     if not path.exists():
         available = sorted(_rollout_steps(run))
@@ -184,13 +185,18 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
         table.add_column("rewards")
         table.add_column("advantage", justify="right")
         table.add_column("prompt (end)", max_width=30)
+        columns = any(r.get("columns") for r in chosen)
+        if columns:
+            table.add_column("columns", max_width=30, overflow="fold")
         table.add_column("completion", overflow="fold")
         for r in chosen:
             parts = ", ".join(f"{k} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items())
             flags = (" (truncated)" if r.get("truncated") else "") + ("" if r.get("kept", True) else " (dropped)")
-            table.add_row(_fmt(r.get("reward")), Text(parts + flags), _fmt(r.get("advantage")),
-                          Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80)),
-                          Text(str(r.get("completion", ""))))
+            cells = [_fmt(r.get("reward")), Text(parts + flags), _fmt(r.get("advantage")),
+                     Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80))]
+            if columns:
+                cells.append(Text(_columns(r.get("columns"))))
+            table.add_row(*cells, Text(str(r.get("completion", ""))))
         console.print(table)
 
 
@@ -228,8 +234,7 @@ def _summary(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[
     planned = config.get("train", {}).get("steps")
     rewards = escape(", ".join(str(r.get("name", "?")) for r in config.get("rewards", [])) or "?")
     logged = metrics.history[-1].get("step", len(metrics.history)) if metrics.history else 0
-    seconds = sum(v for m in metrics.history for k, v in m.items()
-                  if k.startswith("time/") and isinstance(v, (int, float)))
+    seconds = timed_seconds(metrics.history)
     checkpoints = ", ".join(p.name for _, p in run.list_checkpoints()) or "none"
     rollouts = ", ".join(map(str, sorted(_rollout_steps(run)))) or "none"
     return [
@@ -239,6 +244,14 @@ def _summary(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[
         escape(f"checkpoints: {checkpoints}"),
         escape(f"rollouts at steps: {rollouts}   (grpo inspect {run.root} --rollouts STEP)"),
     ]
+
+
+def timed_seconds(history: list[dict[str, Any]]) -> float:
+    """Seconds in the timed phases: the top-level time/<phase> keys only, since a key under one
+    (time/training/forward_backward) is a part of it and counting it too would count it twice."""
+    return sum(v for m in history for k, v in m.items()
+               if k.startswith("time/") and k.count("/") == 1 and isinstance(v, (int, float))
+               and not isinstance(v, bool) and math.isfinite(v))
 
 
 def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[str]:
@@ -270,7 +283,7 @@ def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[st
 def _show_warnings(history: list[dict[str, Any]], console: Console) -> None:
     found = scan(history)
     if not found:
-        console.print("[green]no warnings[/green] (no-signal, truncation, format-only, length, KL)")
+        console.print("[green]no warnings[/green] (" + ", ".join(RULES) + ")")
         return
     table = Table(title="warnings", show_lines=True)
     table.add_column("code", style="bold red", no_wrap=True)
@@ -316,6 +329,13 @@ def _fmt(v: Any) -> str:
     if isinstance(v, int) or (v.is_integer() and abs(v) < 1e9):
         return str(int(v))
     return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.1e}"
+
+
+def _columns(columns: Any) -> str:
+    """The dataset columns of a rollout (the gold answer, ...), as ``name: value`` lines."""
+    if not isinstance(columns, dict):
+        return ""
+    return "\n".join(f"{k}: {_tail(' '.join(str(v).split()), 60)}" for k, v in columns.items())
 
 
 def _tail(text: str, limit: int) -> str:

@@ -31,6 +31,16 @@ class EvalSection(Section):
     success_reward: str | None = Field(
         None, description="Judge success by this reward's value instead of the weighted total."
     )
+    temperature: float | None = Field(
+        None, gt=0.0, le=10.0, description="Sampling temperature of evaluation (default: generation.temperature)."
+    )
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description="Nucleus sampling threshold of evaluation (default: generation.top_p)."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=131072, description="Longest evaluated completion in tokens (default: "
+        "generation.max_completion_length)."
+    )
     output_dir: str | None = Field(
         None, description="Where `grpo eval` writes samples and summaries (default: the run's eval/)."
     )

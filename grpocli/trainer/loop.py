@@ -259,7 +259,7 @@ class Loop:
         acc, step = s.accelerator, s.state.step
         tokens = max(stats["tokens"], 1.0)
         completion_tokens = shares.pop("completion_tokens")
-        seconds = {**shares, "time/training": stats["time/training"]}
+        seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
@@ -269,9 +269,8 @@ class Loop:
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
             "clip_ratio/region_mean": stats["clip_region"] / tokens,
             "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
-            **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio", "time/forward_backward",
-                                     "time/optimizer") if k in stats},  # parts of time/training
-            "skipped_update": stats["skipped"], **seconds, **batch.info,
+            **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio") if k in stats},
+            "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info,
             "tokens_per_second": completion_tokens / step_time if step_time else 0.0,
         }
         if stats["skipped"] and stats["tokens"]:
@@ -279,7 +278,8 @@ class Loop:
         if acc.is_main_process:
             s.metrics.write(metrics)
         if is_due(r.log.rollouts_every, step):
-            write_rollouts(s.run, step, sl.part, acc)  # every process: the main one writes all groups
+            write_rollouts(s.run, step, sl.part, acc,  # every process: the main one writes all groups
+                           prompt_column=r.data.prompt_column)
         if r.log.report_to:
             acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         s.show(metrics)
@@ -306,6 +306,13 @@ class Loop:
     def close(self) -> None:
         if self.prefetch:
             self.prefetch.close()
+
+
+def training_parts(stats: dict[str, float]) -> dict[str, float]:
+    """The parts of time/training, named under it so that sums over the time/<phase> keys count
+    each second once; 0.0 for a skipped update that ran neither."""
+    return {"time/training/forward_backward": stats.get("time/forward_backward", 0.0),
+            "time/training/optimizer": stats.get("time/optimizer", 0.0)}
 
 
 def cycle_shares(batch: Batch, slices: list[Slice], steps: int) -> dict[str, float]:

@@ -42,14 +42,17 @@ class MetricsLog:
         self._file.close()
 
 
-def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any) -> None:
-    """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage.
+def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any, *,
+                   prompt_column: str = "prompt") -> None:
+    """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage, and under
+    "columns" the prompt's other dataset columns (the gold answer, ...), as eval's samples.jsonl.
 
     Every process must call it: each one's rows are gathered in rank order and the main process
     writes them all; `group` is the group's index over all processes.
     """
     g = rollouts.group_size
     first = accelerator.process_index * rollouts.num_prompts
+    columns = [dataset_columns(row, prompt_column) for row in rollouts.rows]  # [B]
     rows = [{
         "step": step,
         "group": first + i // g,
@@ -60,6 +63,7 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
         "advantage": float(rollouts.advantages[i]),
         "truncated": bool(rollouts.truncated[i]),
         "kept": bool(rollouts.keep[i]),
+        "columns": columns[i // g],
         **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in rollouts.extra.items()}}
            if rollouts.extra else {}),
     } for i, completion in enumerate(rollouts.completions)]
@@ -70,6 +74,12 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any)
     tmp = run.rollout_file(step).with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     os.replace(tmp, run.rollout_file(step))
+
+
+def dataset_columns(row: dict[str, Any], prompt_column: str) -> dict[str, Any]:
+    """A dataset row's columns other than the prompt (and its rendered text), JSON-ready."""
+    skip = (prompt_column, "prompt", "prompt_text")
+    return {k: _jsonable(v) for k, v in row.items() if k not in skip}
 
 
 def logged_metrics(accelerator: Any, logged: dict[str, list[float]]) -> dict[str, float]:

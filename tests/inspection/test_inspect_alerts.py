@@ -8,7 +8,8 @@ from grpocli.inspection.alerts import RULES, Watch, check, scan
 def healthy(steps: int = 30) -> list[dict]:
     return [{"step": s, "reward": 0.1 + 0.02 * s, "frac_reward_zero_std": 0.2, "completions/clipped_ratio": 0.1,
              "completions/mean_length": 40.0 + s, "kl": 0.01 + 0.001 * s,
-             "rewards/format.soft/mean": 0.2 + 0.02 * s, "rewards/math.accuracy/mean": 0.1 + 0.01 * s}
+             "rewards/format.soft/mean": 0.2 + 0.02 * s, "rewards/math.accuracy/mean": 0.1 + 0.01 * s,
+             "entropy": 0.6 - 0.01 * s, "grad_norm": 0.5 + 0.3 * (s % 3), "skipped_update": 0.0}
             for s in range(1, steps + 1)]
 
 
@@ -75,8 +76,9 @@ def test_kl_explosion_absolute_and_relative():
 def test_scan_reports_first_and_last_step():
     h = with_values(healthy(40), 11, frac_reward_zero_std=1.0)
     h = with_values(h, 31, frac_reward_zero_std=0.3)
-    (w,) = scan(h)
+    spread, w = scan(h)  # sorted by first step: spread_loss warned before no_signal held
     assert (w.code, w.step, w.last_step) == ("no_signal", 20, 30)
+    assert (spread.code, spread.step, spread.last_step) == ("spread_loss", 13, 32)
 
 
 def test_watch_shows_each_alert_once_while_it_holds():
@@ -84,5 +86,46 @@ def test_watch_shows_each_alert_once_while_it_holds():
     shown = []
     for m in with_values(healthy(40), 11, frac_reward_zero_std=1.0):
         shown += [(w.code, w.step) for w in watch.update(m)]
-    assert shown == [("no_signal", 20)]
-    assert set(RULES) == {"no_signal", "truncated", "format_only", "length_explosion", "kl_explosion"}
+    assert shown == [("spread_loss", 13), ("no_signal", 20)]  # spread_loss stops when no_signal holds
+    assert set(RULES) == {"no_signal", "truncated", "format_only", "length_explosion", "kl_explosion",
+                          "entropy_collapse", "spread_loss", "skipped_updates", "grad_spike"}
+
+
+def test_entropy_collapse_needs_a_fall_and_a_low_level():
+    h = with_values(healthy(), 21, entropy=0.05)  # 0.58 at the start -> 0.05: 9%, below 0.1
+    (w,) = check(h)
+    assert w.code == "entropy_collapse" and "temperature" in w.message and "entropy_coef" in w.message
+    assert check(with_values(healthy(), 21, entropy=0.15)) == []       # 26% of the start: not yet
+    high = with_values(healthy(), 1, entropy=lambda s: 5.0 if s <= 5 else 0.5)  # 10%, but 0.5 nats
+    assert check(high) == []
+    # skipped updates log entropy 0: not a collapse
+    skips = with_values(healthy(), 24, entropy=lambda s: 0.0 if s % 2 else 0.4, skipped_update=lambda s: float(s % 2))
+    assert "entropy_collapse" not in codes(check(skips))
+
+
+def test_spread_loss_rising_share_of_flat_groups():
+    h = with_values(healthy(), 24, frac_reward_zero_std=0.7)
+    (w,) = check(h)
+    assert w.code == "spread_loss" and "20% -> 70%" in w.message and "fill_batch" in w.message
+    assert check(with_values(healthy(), 24, frac_reward_zero_std=0.45)) == []   # not high
+    flat_from_start = with_values(healthy(), 1, frac_reward_zero_std=0.7)      # high, but not rising
+    assert check(flat_from_start) == []
+    # once no_signal holds, it speaks alone
+    assert codes(check(with_values(healthy(), 11, frac_reward_zero_std=1.0))) == {"no_signal"}
+
+
+def test_skipped_updates_share_over_a_window():
+    h = with_values(healthy(), 27, skipped_update=1.0)  # 4 of the last 10
+    (w,) = check(h)
+    assert w.code == "skipped_updates" and "4 of the last 10" in w.message
+    assert check(with_values(healthy(), 29, skipped_update=1.0)) == []   # 2 of 10
+    assert "skipped_updates" in codes(check(with_values(healthy(5), 1, skipped_update=1.0)))  # early too
+
+
+def test_grad_spike_against_the_running_median():
+    h = with_values(healthy(), 30, grad_norm=25.0)  # median 0.8
+    (w,) = check(h)
+    assert w.code == "grad_spike" and w.step == 30 and "31x" in w.message and "max_grad_norm" in w.message
+    assert check(with_values(healthy(), 30, grad_norm=6.0)) == []  # 7.5x
+    (s,) = scan(with_values(with_values(healthy(), 20, grad_norm=25.0), 21, grad_norm=0.5))
+    assert (s.code, s.step, s.last_step) == ("grad_spike", 20, 20)

@@ -1,0 +1,60 @@
+"""What a step leaves on disk: every metrics.jsonl line has every time/* key (skipped updates
+too), the parts of time/training are named under it and counted once by `grpo inspect`, and
+rollouts carry the prompt's dataset columns (the gold answer), shown by `grpo inspect --rollouts`."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from grpocli.inspection.overview import show_run, timed_seconds
+from grpocli.recipe import load_recipe
+from grpocli.trainer.loop import train
+
+FAST = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64", "generation.max_completion_length=8",
+    "generation.num_generations=4", "train.prompts_per_step=4", "train.steps=2",
+    "train.micro_batch_size=4", "log.progress=none", "log.rollouts_every=1",
+    "data.args={num_samples=64}",
+]
+TIME_KEYS = {"time/generation", "time/rewards", "time/logprobs", "time/training", "time/weight_sync",
+             "time/training/forward_backward", "time/training/optimizer"}
+PHASES = ("time/generation", "time/rewards", "time/logprobs", "time/training", "time/weight_sync")
+
+
+def run(tmp_path, *overrides: str) -> list[dict]:
+    out = tmp_path / "run"
+    train(load_recipe("quickstart", [*FAST, f"train.output_dir={out}", *overrides]))
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_time_keys_parts_and_rollout_columns(tmp_path):
+    metrics = run(tmp_path)
+    for m in metrics:
+        assert TIME_KEYS <= set(m), TIME_KEYS - set(m)
+        assert {k for k in m if k.startswith("time/")} == TIME_KEYS
+        parts = m["time/training/forward_backward"] + m["time/training/optimizer"]
+        assert 0 < parts <= m["time/training"]
+    # inspect's total counts each second once: the phases, not their parts
+    assert timed_seconds(metrics) == pytest.approx(sum(m[k] for m in metrics for k in PHASES))
+    rows = [json.loads(line) for line in (tmp_path / "run/rollouts/step-1.jsonl").read_text().splitlines()]
+    assert all(set(r["columns"]) == {"answer"} for r in rows)
+    assert all(r["columns"]["answer"] == eval(r["prompt"].split("user\n")[1].split("=")[0]) for r in rows)
+    out = io.StringIO()
+    show_run(str(tmp_path / "run"), rollouts_step=1, n=2, console=Console(file=out, width=220))
+    text = out.getvalue()
+    assert "columns" in text and any(f"answer: {r['columns']['answer']}" in text for r in rows)
+
+
+def test_skipped_updates_still_log_every_time_key(tmp_path):
+    """A reward of weight 0 gives every group the same total: no group enters the loss, every
+    update is skipped, and the lines still hold every time/* key (its parts 0)."""
+    metrics = run(tmp_path, 'rewards=[{name="length", weight=0.0}]')
+    assert [m["skipped_update"] for m in metrics] == [1.0, 1.0]
+    for m in metrics:
+        assert {k for k in m if k.startswith("time/")} == TIME_KEYS
+        assert m["time/training/forward_backward"] == 0.0 and m["time/training/optimizer"] == 0.0
