@@ -20,7 +20,8 @@ def register_datasets(register) -> None:
         "arithmetic",
         arithmetic,
         description="Procedural sums like '12+7=' with an int answer (offline, seeded); args "
-        "num_samples, min_value, max_value, ops, num_terms.",
+        "num_samples, min_value, max_value, ops, num_terms, style ('equation': '12+7=', or "
+        "'question': 'What is 12 + 7?').",
     )
     register(
         "countdown",

@@ -1,7 +1,9 @@
 """Procedural datasets: seeded, offline, made in milliseconds. Pure Python (no `datasets`).
 
 ``arithmetic``: short sums such as ``12+7=`` with an integer ``answer`` -- small enough for a
-tiny character-level model to learn in minutes (the quickstart).
+tiny character-level model to learn in minutes (the quickstart). ``style = "question"`` words the
+same problems as an instruct model reads them, ``What is 12 + 7?``; the problems, answers and
+held-out splits do not depend on the style.
 
 ``countdown``: the Countdown number game as TinyZero (Jiayi-Pan/TinyZero,
 examples/data_preprocess/countdown.py) poses it: reach ``target`` with every number of ``nums``
@@ -18,6 +20,7 @@ the seed, so streams differ.
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +39,13 @@ COUNTDOWN_PROMPT = (
 )
 
 
+#: How ``arithmetic`` words a problem: ``{expression}`` is its terms and signs joined by ``joiner``.
+ARITHMETIC_STYLES = {
+    "equation": ("{expression}=", ""),  # "12+7=": the quickstart's tiny character-level model
+    "question": ("What is {expression}?", " "),  # "What is 12 + 7?": an instruct model
+}
+
+
 def arithmetic(
     split: str,
     seed: int,
@@ -45,21 +55,27 @@ def arithmetic(
     max_value: int = 99,
     ops: str = "+-",
     num_terms: int = 2,
+    style: str = "equation",
 ) -> list[dict[str, Any]]:
-    """Rows ``{"prompt": "12+7=", "answer": 19}``; ``*`` binds tighter than ``+``/``-``."""
+    """Rows ``{"prompt": "12+7=", "answer": 19}`` (``style = "question"``: ``"What is 12 + 7?"``);
+    ``*`` binds tighter than ``+``/``-``."""
     _check(num_samples >= 1, "num_samples", num_samples, "an integer >= 1")
     _check(0 <= min_value <= max_value, "max_value", max_value, "an integer >= min_value >= 0")
     _check(bool(ops) and set(ops) <= set("+-*"), "ops", ops, 'a string of "+", "-", "*"')
     _check(2 <= num_terms <= 8, "num_terms", num_terms, "an integer from 2 to 8")
+    _check(style in ARITHMETIC_STYLES, "style", style, " or ".join(map(repr, ARITHMETIC_STYLES)))
+    wording, joiner = ARITHMETIC_STYLES[style]
     rng = random.Random(f"arithmetic:{seed}:{split}")
 
     def draw() -> dict[str, Any]:
         terms = [rng.randint(min_value, max_value) for _ in range(num_terms)]
         signs = [rng.choice(ops) for _ in range(num_terms - 1)]
-        text = str(terms[0]) + "".join(f"{s}{t}" for s, t in zip(signs, terms[1:]))
-        return {"prompt": f"{text}=", "answer": _value(terms, signs)}
+        text = str(terms[0]) + "".join(f"{joiner}{s}{joiner}{t}" for s, t in zip(signs, terms[1:]))
+        return {"prompt": wording.format(expression=text), "answer": _value(terms, signs)}
 
-    return _sample(draw, split, num_samples, key=lambda row: row["prompt"])
+    # The split key is the problem in the equation style ("12+7="), whatever the wording.
+    key = lambda row: re.sub(r"[^0-9+*-]", "", row["prompt"]) + "="  # noqa: E731
+    return _sample(draw, split, num_samples, key=key)
 
 
 def countdown(

@@ -1,8 +1,14 @@
 """Load the tokenizer, the policy and the reference model named by a [model] section.
 
 ``name_or_path = "tiny"`` builds a tiny Qwen2 model (grpocli.models.tiny) with the built-in
-character tokenizer (grpocli.models.tokenizer); anything else is a local directory or hub id
-loaded with transformers' Auto classes after grpocli.models.source has checked it.
+character tokenizer (grpocli.models.tokenizer); anything else is a local directory, a GGUF file
+(or a folder or installed package holding one) or a hub id, loaded with transformers' Auto classes
+after grpocli.models.source has checked it.
+
+A GGUF model is dequantized at load time into ordinary dense weights in ``model.dtype``
+(transformers' ``GgufConfig(dequantize=True)``, which also drops the quantization state), so it
+trains like any other model and its checkpoints are ordinary safetensors; its tokenizer, chat
+template included, is read from the same file.
 
 The reference model is a separate frozen copy of the *base* weights (no LoRA adapters), loaded
 the same way as the policy: for 'tiny' with the same seed, so it equals the initial policy
@@ -34,14 +40,16 @@ def load_tokenizer(model: ModelSection) -> PreTrainedTokenizerBase:
         from grpocli.models.tokenizer import build_char_tokenizer
 
         return build_char_tokenizer()
-    source = resolve(name, key=key, what="tokenizer")
+    source = resolve(name, key=key, what="tokenizer", gguf=True)
     from transformers import AutoTokenizer
 
+    kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source.path,
             local_files_only=source.local_files_only,
             trust_remote_code=model.trust_remote_code,
+            **kwargs,
         )
     except (OSError, ValueError) as err:
         raise _load_error("tokenizer", source, key, err) from None
@@ -55,6 +63,24 @@ def load_tokenizer(model: ModelSection) -> PreTrainedTokenizerBase:
             )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_model(model: ModelSection) -> None:
+    """Check, without loading anything or asking the hub, that the model and tokenizer of ``model``
+    can be found locally: for ``grpo train --dry-run`` and the checks before a run.
+
+    A missing path, a folder with no or several GGUF files, a packaged model whose package is not
+    installed or a missing ``gguf`` package is a UserError here, in well under a second. A hub id
+    is only checked for its spelling (loading it checks the hub).
+    """
+    names = [("model.name_or_path", model.name_or_path, "model")]
+    if model.tokenizer:
+        names.append(("model.tokenizer", model.tokenizer, "tokenizer"))
+    else:
+        names.append(("model.name_or_path", model.name_or_path, "tokenizer"))
+    for key, name, what in names:
+        if name != TINY:
+            resolve(name, key=key, what=what, gguf=True, hub=False)
 
 
 def load_policy(model: ModelSection, seed: int, *, device: Any = None) -> PreTrainedModel:
@@ -94,22 +120,66 @@ def _load_base(model: ModelSection, seed: int) -> PreTrainedModel:
             raise _attn_error(model, err) or err
         dtype = _torch_dtype(model.dtype)
         return base if dtype == "auto" else base.to(dtype)
-    source = resolve(model.name_or_path, key="model.name_or_path")
+    source = resolve(model.name_or_path, key="model.name_or_path", gguf=True)
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code}
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
+    if source.gguf_file:
+        kwargs.update(_gguf_kwargs(source))
     try:
-        return AutoModelForCausalLM.from_pretrained(
+        loaded = AutoModelForCausalLM.from_pretrained(
             source.path,
             dtype=_torch_dtype(model.dtype),
             local_files_only=source.local_files_only,
             **kwargs,
         )
-    except (OSError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError, KeyError) as err:  # KeyError: GGUF metadata missing
+        if isinstance(err, KeyError) and not source.gguf_file:
+            raise
         attn_error = _attn_error(model, err)
         raise attn_error or _load_error("model", source, "model.name_or_path", err) from None
+    return _dense(loaded) if source.gguf_file else loaded
+
+
+def _gguf_kwargs(source: Source) -> dict[str, Any]:
+    """from_pretrained arguments that load ``source.gguf_file`` as dense, trainable weights."""
+    kwargs: dict[str, Any] = {"gguf_file": source.gguf_file}
+    try:  # transformers >= 5.19: without it, an installed `kernels` keeps some weights packed
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:  # older releases always dequantize GGUF weights
+        pass
+    return kwargs
+
+
+def _dense(model: PreTrainedModel) -> PreTrainedModel:
+    """A GGUF-loaded model without the quantization state transformers attaches to it.
+
+    The weights are already plain dense tensors (dequantized while loading); what is left of the
+    GGUF quantizer (``model.hf_quantizer``, ``config.quantization_config``) would make
+    ``save_pretrained`` refuse ("quantized with gguf and is not serializable") and make vLLM read
+    the saved config as a GGUF-quantized model. GgufConfig(dequantize=True) removes them already;
+    this covers releases without it, the same way transformers' own ``remove_quantization_config``.
+    """
+    if getattr(model, "hf_quantizer", None) is not None:
+        del model.hf_quantizer
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model, "quantization_method"):
+        del model.quantization_method
+    model.is_quantized = False
+    packed = [n for n, p in model.named_parameters() if not p.is_floating_point()]
+    if packed:  # a weight left in GGUF blocks cannot be trained
+        raise UserError(
+            f"transformers kept {len(packed)} weights of the GGUF model packed (e.g. {packed[0]})",
+            where="model.name_or_path",
+            valid="a GGUF file transformers can dequantize",
+            hint="upgrade transformers, or pip uninstall kernels",
+        )
+    return model
 
 
 def _wrap_lora(policy: PreTrainedModel, lora: Lora, seed: int) -> PreTrainedModel:
@@ -180,6 +250,15 @@ def _attn_error(model: ModelSection, err: Exception) -> UserError | None:
 
 
 def _load_error(what: str, source: Source, key: str, err: Exception) -> UserError:
+    if source.gguf_file:
+        return UserError(
+            f"the {what} in the GGUF file {source.path}/{source.gguf_file} could not be loaded: "
+            f"{_first_line(err)}",
+            where=key,
+            valid="a GGUF file of an architecture transformers reads (llama, mistral, qwen2, qwen3, "
+            "gemma, phi3, ...; see transformers' GGUF documentation)",
+            hint="upgrade transformers, or load the original (safetensors) model as a directory or hub id",
+        )
     return UserError(
         f"the {what} at {source.path} could not be loaded: {_first_line(err)}",
         where=key,

@@ -47,8 +47,10 @@ class Lora(Section):
 class ModelSection(Section):
     name_or_path: str = Field(
         "tiny",
-        description="Local directory or hub id of the policy; 'tiny' builds a tiny model from "
-        "[model.tiny] with the built-in offline tokenizer.",
+        description="Local directory or hub id of the policy; a .gguf file or a folder holding one "
+        "(dequantized, needs grpocli[gguf]); a packaged model such as 'smollm2-135m-instruct' or "
+        "'pkg:MODULE' (grpocli[smollm2]); 'tiny' builds a tiny model from [model.tiny] with the "
+        "built-in offline tokenizer.",
     )
     tokenizer: str | None = Field(None, description="Tokenizer path or hub id (default: the model's).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

@@ -22,10 +22,12 @@ def preflight(recipe: Recipe) -> Checked:
     """Resolve rewards, dataset and curriculum names; UserError (with did-you-mean) otherwise."""
     from grpocli.data.source import load_dataset_for
     from grpocli.data.source import resolve as resolve_dataset
+    from grpocli.models import check_model
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
 
     _check_combinations(recipe)
+    check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now
     plugins = load_plugins()
     reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)
     resolve_dataset(recipe.data, plugins.datasets)

@@ -177,3 +177,10 @@ def test_plugin_selection_by_environment(grpo, tmp_path):
     assert "extra.data" in on.stdout
     missing = grpo("inspect", "plugins", env={**env, "GRPO_PLUGINS": "nope"})
     assert_clean_error(missing, "GRPO_PLUGINS", "nope")
+
+
+def test_dry_run_refuses_an_ambiguous_gguf_folder(grpo, tmp_path):
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    out = grpo("train", "quickstart", f'model.name_or_path="{tmp_path}"', "--dry-run")
+    assert_clean_error(out, "2 GGUF files (a.gguf, b.gguf)")

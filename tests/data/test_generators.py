@@ -93,3 +93,14 @@ def test_too_small_problem_space_for_held_out_split_is_an_error_not_a_hang():
     ] * 3
     with pytest.raises(UserError, match="too small"):
         generators.arithmetic(other, 0, num_samples=1, max_value=0, ops="+")
+
+
+def test_arithmetic_question_style_words_the_same_problems():
+    equation = generators.arithmetic("test", 0, num_samples=50, max_value=20)
+    question = generators.arithmetic("test", 0, num_samples=50, max_value=20, style="question")
+    assert [r["answer"] for r in question] == [r["answer"] for r in equation]
+    for q, e in zip(question, equation):
+        assert q["prompt"] == "What is " + e["prompt"][:-1].replace("+", " + ").replace("-", " - ") + "?"
+    with pytest.raises(UserError) as err:
+        generators.arithmetic("train", 0, style="prose")
+    assert err.value.where == "data.args.style"
