@@ -16,3 +16,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture
 def grpo():
     return run_grpo
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """A run with train.torch_threads sets torch's thread count for the whole process; later tests
+    (vLLM's CPU attention checks it against the count it started with) get the old one back."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
