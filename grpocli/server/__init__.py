@@ -5,5 +5,6 @@ host.py      the engine's single thread, weight updates in flight, their timeout
 app.py       the routes of that protocol, the API key, errors as 4xx with a reason; run_server()
 trl.py       the paths TRL's VLLMClient uses (vLLM's server's), answered by the same engine
 completions.py  their OpenAI-style bodies -> vLLM SamplingParams, vLLM's outputs -> choices and log-probs
-transfer.py  TRL's weight sync (vLLM's weight-transfer-engine paths): the group with the trainer, packed broadcasts
+transfer.py  TRL's weight sync (vLLM's weight-transfer-engine paths): sessions, packed broadcasts, checks
+peer.py      this server's end of the trainer's group (NCCL or gloo): joining it, receiving broadcasts
 """

@@ -32,28 +32,18 @@ one that fails later leaves the engine refusing generation, with the reason, unt
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grpocli.generation.weights import (
-    Named,
-    TensorSpec,
-    broadcast,
-    dtype_from_name,
-    open_group,
-    spec_problems,
-)
+from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_problems
 from grpocli.server.host import EngineHost, ServerError
+from grpocli.server.peer import TIMEOUT, Peer, join
 
 #: vLLM's default chunk size of a packed broadcast (vllm.distributed.weight_transfer.packed_tensor).
 PACKED_BUFFER_BYTES = 1024**3
-#: Longest wait for the trainer: to join the group, for one broadcast, and between two steps of a session (s).
-TIMEOUT = 300.0
 
 
 class InitInfo(BaseModel):
@@ -98,74 +88,6 @@ class UpdateRequest(BaseModel):
 class FinishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     weight_version: str | None = None
-
-
-class Peer:
-    """This server's end of the group: receives what rank 0 broadcasts."""
-
-    def __init__(self, backend: str, group: Any, timeout: float) -> None:
-        self.backend, self.group, self.timeout = backend, group, timeout
-
-    def receive(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        import torch
-
-        if self.backend == "gloo":
-            out = torch.empty(shape, dtype=dtype)
-            broadcast(self.group, out, self.timeout, root=0)
-            return out
-        out = torch.empty(shape, dtype=dtype, device=f"cuda:{torch.cuda.current_device()}")
-        self.group.broadcast(out, src=0)
-        torch.cuda.current_stream().synchronize()  # the engine thread reads it on another stream
-        return out
-
-    def close(self) -> None:
-        destroy = getattr(self.group, "destroy", None)
-        if destroy is not None:
-            destroy()
-        self.group = None
-
-
-def join(info: InitInfo, timeout: float = TIMEOUT) -> Peer:
-    """Join the trainer's group as rank ``rank_offset`` (blocks until the trainer joins too)."""
-    import torch
-
-    rank = info.rank_offset
-    if info.backend == "nccl":
-        if not torch.cuda.is_available():
-            raise ServerError(400, "init_info asks for NCCL (TRL's VLLMClient sends weights over NCCL only) but this "
-                                   "server has no CUDA device; on CPU send init_info 'backend': 'gloo', or use grpo's "
-                                   "own /weights/* protocol")
-        try:
-            from vllm.distributed.weight_transfer.nccl_common import (
-                stateless_init_process_group,
-            )
-        except ImportError as exc:
-            raise ServerError(501, f"this vLLM has no NCCL weight transfer ({exc})") from None
-        group = stateless_init_process_group(info.master_address, info.master_port, rank, info.world_size,
-                                             device=torch.cuda.current_device())
-        return Peer("nccl", group, timeout)
-    import torch.distributed as dist
-
-    try:
-        store = dist.TCPStore(info.master_address, info.master_port, info.world_size, False,
-                              timedelta(seconds=timeout))
-        group = open_group("gloo", store, rank, info.world_size, timeout,
-                           hostname=local_address(info.master_address, info.master_port))
-    except Exception as exc:  # torch's DistStoreError / RuntimeError: the trainer did not come
-        raise ServerError(502, f"could not join the trainer's gloo group at {info.master_address}:"
-                               f"{info.master_port}: {exc}") from None
-    return Peer("gloo", group, timeout)
-
-
-def local_address(remote: str, port: int) -> str:
-    """The address of this machine's interface that reaches ``remote`` (gloo binds its device to it)."""
-    family = socket.AF_INET6 if ":" in remote else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((remote, port))  # UDP: picks a route, sends nothing
-            return sock.getsockname()[0]
-        except OSError:
-            return remote
 
 
 def tied_aliases(engine: Any) -> dict[str, str]:

@@ -103,14 +103,15 @@ class Loop:
             batch = self.generate()                                                   # 1-4
             slices = self.prepare(batch.rollouts)                                     # 5
             plan = [sl for _ in range(r.algorithm.num_iterations) for sl in slices][: r.train.steps - state.step]
-            shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's work
+            shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's time
             for k, sl in enumerate(plan):
-                stats = self.update(sl.batch)                                 # 6
+                stats = self.update(sl.batch)                                             # 6
                 state.step += 1
                 state.num_tokens += batch.num_tokens if k == 0 else 0
                 self.maybe_refresh_reference()
                 sync = self.sync() if k == len(plan) - 1 else 0.0                     # 7
-                self.record(batch, sl, stats, {**shares, "time/weight_sync": sync})  # 8
+                self.record(batch, sl, stats, {**shares, "time/weight_sync": sync},       # 8
+                            completion_tokens=batch.completion_tokens / len(plan))
             self.maybe_evaluate(since=cycle_start)
             self.maybe_checkpoint()
         s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
@@ -253,12 +254,13 @@ class Loop:
                 ref_param.mul_(1 - a.ref_sync_alpha).add_(policy[name].to(ref_param.dtype), alpha=a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
-    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float]) -> None:
-        """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's."""
+    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,
+               completion_tokens: float) -> None:
+        """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's
+        (time and the completion tokens generated, so tokens_per_second is the cycle's throughput)."""
         s, r = self.s, self.s.recipe
         acc, step = s.accelerator, s.state.step
         tokens = max(stats["tokens"], 1.0)
-        completion_tokens = shares.pop("completion_tokens")
         seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
@@ -316,13 +318,11 @@ def training_parts(stats: dict[str, float]) -> dict[str, float]:
 
 
 def cycle_shares(batch: Batch, slices: list[Slice], steps: int) -> dict[str, float]:
-    """Each of the cycle's optimizer steps gets an equal share of the work done once per cycle:
-    generation, rewards, log-prob passes and the completion tokens generated. Summed over the
-    cycle's steps they give the cycle's totals, so tokens_per_second is the cycle's throughput."""
+    """Each of the cycle's optimizer steps gets an equal share of the time spent once per cycle:
+    generation, rewards and log-prob passes; summed over the cycle's steps they give its totals."""
     return {"time/generation": batch.seconds["time/generation"] / steps,
             "time/rewards": batch.seconds["time/rewards"] / steps,
-            "time/logprobs": sum(sl.seconds for sl in slices) / steps,
-            "completion_tokens": batch.completion_tokens / steps}
+            "time/logprobs": sum(sl.seconds for sl in slices) / steps}
 
 
 __all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from rich.console import Console
+from tiny_runs import FAST
 
 from grpocli.cli.export import run_export
 from grpocli.errors import UserError
@@ -19,13 +20,6 @@ from grpocli.recipe import load_recipe
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'grpocli[peft]'")
 
-FAST = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "generation.max_completion_length=8",
-    "generation.num_generations=4", "train.prompts_per_step=4", "train.steps=2",
-    "train.micro_batch_size=4", "log.progress=none", "log.rollouts_every=1",
-    "data.args={num_samples=64}",
-]
 LORA = ["model.lora={enabled=true, r=4, alpha=8}", "train.learning_rate=0.02", "train.seed=3"]
 IDS = [[5, 17, 42, 9, 3, 77, 12], [60, 2, 2, 31]]
 

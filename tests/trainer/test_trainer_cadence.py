@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_runs import TINY_MODEL
 
 from grpocli.recipe import load_recipe
 from grpocli.trainer.cadence import is_due
 from grpocli.trainer.loop import Loop, train
 
 FAST = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "generation.max_completion_length=8",
+    *TINY_MODEL, "generation.max_completion_length=8",
     "generation.num_generations=4", "train.prompts_per_step=4", "train.micro_batch_size=8",
     "log.progress=none", "log.rollouts_every=0", "data.args={num_samples=64}",
     "algorithm.drop_zero_spread_groups=false",

@@ -9,18 +9,12 @@ import json
 
 import pytest
 from rich.console import Console
+from tiny_runs import FAST
 
 from grpocli.inspection.overview import show_run, timed_seconds
 from grpocli.recipe import load_recipe
 from grpocli.trainer.loop import train
 
-FAST = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "generation.max_completion_length=8",
-    "generation.num_generations=4", "train.prompts_per_step=4", "train.steps=2",
-    "train.micro_batch_size=4", "log.progress=none", "log.rollouts_every=1",
-    "data.args={num_samples=64}",
-]
 TIME_KEYS = {"time/generation", "time/rewards", "time/logprobs", "time/training", "time/weight_sync",
              "time/training/forward_backward", "time/training/optimizer"}
 PHASES = ("time/generation", "time/rewards", "time/logprobs", "time/training", "time/weight_sync")

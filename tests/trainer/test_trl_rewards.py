@@ -9,14 +9,14 @@ import sys
 import textwrap
 
 import pytest
+from tiny_runs import TINY_MODEL
 
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
 from grpocli.trainer.loop import train
 
 FAST = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "generation.max_completion_length=8",
+    *TINY_MODEL, "generation.max_completion_length=8",
     "generation.num_generations=4", "train.prompts_per_step=2", "train.steps=2",
     "train.micro_batch_size=8", "log.progress=none", "log.rollouts_every=1",
 ]
