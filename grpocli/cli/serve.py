@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+#: What vLLM's --dtype takes (vllm.config.model's names; "auto": the checkpoint's own dtype).
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float", "half")
+
 HELP = """Serve a model with vLLM for training on separate GPUs, with weight sync.
 
 Training uses it with generation.backend = "vllm-server" and vllm.server_url.
@@ -27,8 +30,11 @@ def serve(
     max_model_len: int = typer.Option(None, "--max-model-len", min=16, help="Engine context length."),
     dtype: str = typer.Option("auto", "--dtype", help="Weights dtype (auto, float32, bfloat16, float16)."),
 ) -> None:
-    from grpocli.errors import UserError
+    from grpocli.errors import UserError, did_you_mean
 
+    if dtype not in DTYPES:  # before vLLM's import and the engine's start, which would end in a traceback
+        raise UserError(f"unknown dtype {dtype!r}{did_you_mean(dtype, DTYPES)}", where="--dtype",
+                        valid=", ".join(DTYPES), hint=f"grpo vllm-serve --model {model} --dtype auto")
     try:
         from grpocli.server.app import run_server
     except ImportError as exc:

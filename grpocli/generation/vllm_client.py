@@ -12,6 +12,11 @@ have a GPU, else http; the environment variable GRPO_VLLM_WEIGHT_TRANSPORT overr
 key, if the server has one, is read from GRPO_VLLM_API_KEY (an environment variable, so it is
 never written to config.resolved.toml).
 
+Every generate request carries one seed per prompt, so a run is reproducible and a resumed run
+continues exactly: the seeds are drawn from torch's RNG, which the trainer seeds from the run's
+seed and process index (as the colocated engine is seeded) and which checkpoints save and resume
+restores, so step N of a resumed run draws what step N of the uninterrupted run drew.
+
 Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
 """
 
@@ -122,7 +127,8 @@ class ServerClient:
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
-                 seed: int | None = None) -> Generated:
+                 seed: int | list[int] | None = None) -> Generated:
+        """n completions per prompt; ``seed``: one for every prompt, one per prompt, or none (the engine's)."""
         body = {"prompt_ids": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                 "min_p": sampling.min_p, "repetition_penalty": sampling.repetition_penalty,
@@ -216,7 +222,7 @@ class VllmServerBackend(PromptEncoder):
         self.sync_weights(model)  # the server may hold other weights than the policy (resume, base model)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        return self.client.generate(self.encode_prompts(prompts), n, sampling)
+        return self.client.generate(self.encode_prompts(prompts), n, sampling, seed=request_seeds(len(prompts)))
 
     def sync_weights(self, model: Any) -> None:
         """Main process: send the weights (the spec first, once); everyone: wait for it."""
@@ -231,6 +237,17 @@ class VllmServerBackend(PromptEncoder):
 
     def close(self) -> None:
         pass  # the server outlives the run; stop it with POST /close or Ctrl-C
+
+
+def request_seeds(count: int) -> list[int]:
+    """One seed per prompt of a request, drawn from torch's (run-seeded, checkpointed) RNG.
+
+    vLLM gives a prompt's n completions the seeds seed + 0 .. seed + n - 1, so the draws stay below
+    2**62: far apart from each other and, with the offsets, inside vLLM's range (a 64-bit long).
+    """
+    import torch
+
+    return torch.randint(0, 2**62, (count,), dtype=torch.int64).tolist()
 
 
 def _default_transport(model: Any, info: dict[str, Any]) -> str:
@@ -249,4 +266,4 @@ def _partial_state() -> Any:
     return PartialState() if PartialState._shared_state else None
 
 
-__all__ = ["ServerClient", "VllmServerBackend"]
+__all__ = ["ServerClient", "VllmServerBackend", "request_seeds"]

@@ -2,8 +2,10 @@
 
 The server binds 127.0.0.1 unless told otherwise. With an API key, every route that changes
 state (weights, cache, group, close) requires it, as ``Authorization: Bearer KEY`` or
-``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong; no
-request can stop the server except POST /close. The paths and fields are listed in protocol.py;
+``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong (a 422
+lists each field's location and reason, never echoing the input back: it may hold a NaN, which
+JSON cannot carry); no request can stop the server except POST /close. /health answers 503 with
+the reason when the engine is stuck or dead (grpocli.server.host), so a supervisor can restart it. The paths and fields are listed in protocol.py;
 TRL's VLLMClient paths are added by trl.py. As with TRL's own server (``--max-logprobs -1``), a
 request may ask for any number of log-probs.
 """
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from grpocli.server.host import EngineHost, ServerError
@@ -42,6 +45,12 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
     async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()]})
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
@@ -57,8 +66,8 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
 
 def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: float) -> None:
     @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> Any:
+        return health_answer(host)
 
     @app.get("/info")
     def info() -> dict[str, Any]:
@@ -131,6 +140,14 @@ def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
                 "world_size": 2}
 
 
+def health_answer(host: EngineHost) -> Any:
+    """{"status": "ok"}, or a 503 {"status": "unhealthy", "detail": why} for a stuck or dead engine."""
+    problem = host.health()
+    if problem is None:
+        return {"status": "ok"}
+    return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": problem})
+
+
 def _key_check(api_key: str | None) -> Any:
     def check(request: Request) -> None:
         if api_key is None:
@@ -200,4 +217,4 @@ def _check_port(host: str, port: int) -> None:
                             hint=f"pick another port: grpo vllm-serve --model ... --port {port + 1}") from None
 
 
-__all__ = ["build_app", "run_server"]
+__all__ = ["build_app", "health_answer", "run_server"]

@@ -22,9 +22,10 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from grpocli.server.host import ServerError
+from grpocli.server.host import ServerError, is_bad_input
+from grpocli.server.protocol import TOP_K_MAX, Checked, Seed
 
 #: OpenAI fields that change nothing here; accepted and ignored.
 IGNORED = frozenset({"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls",
@@ -36,19 +37,20 @@ NOT_FROM_JSON = frozenset({"output_kind", "skip_clone", "repetition_detection", 
 LOWEST_LOGPROB = -9999.0
 
 
-class _Sampled(BaseModel):
-    model_config = ConfigDict(extra="allow")  # vLLM's sampling fields pass through; checked in vllm_params
+class _Sampled(Checked):
+    # vLLM's sampling fields pass through (their numbers checked by Checked; the rest in vllm_params)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=1024)
     max_tokens: int | None = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1, le=TOP_K_MAX)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
@@ -117,7 +119,9 @@ def vllm_params(req: _Sampled, logprobs: int | None) -> Any:
                "min_p": req.min_p, "repetition_penalty": req.repetition_penalty,
                "stop": [stop] if isinstance(stop, str) else stop, "seed": req.seed, "logprobs": logprobs,
                "prompt_logprobs": req.prompt_logprobs})
-    except (TypeError, ValueError) as exc:  # vLLM's VLLMValidationError is a ValueError
+    except Exception as exc:
+        if not is_bad_input(exc):  # vLLM's VLLMValidationError is a VLLMClientError, not a ValueError
+            raise
         raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
 
 

@@ -8,10 +8,16 @@ at about two buckets. Every wait is bounded: a bucket that does not come within 
 timeout fails the update with that reason, and a failed or abandoned update leaves the engine
 marked as holding incomplete weights (generation is refused with that reason) until a complete
 update succeeds.
+
+No request can wedge the engine: when an engine call raises, every request still inside vLLM is
+aborted on that same thread before the next call runs, so the error fails that request alone. If
+that clean-up itself fails the engine is marked dead; a call still running past its deadline marks
+it stuck. Both are refused with a 503 and reported by /health (see ``health``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -117,6 +123,9 @@ class EngineHost:
         self.group: Any = None
         self.group_backend: str | None = None
         self._group_ready: Future | None = None
+        self._store: Any = None
+        self.dead: str | None = None  # why the engine can take no more calls (a failed clean-up)
+        self._busy: tuple[str, float] | None = None  # (what, deadline) of the call on the engine thread
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -127,16 +136,54 @@ class EngineHost:
                 "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])]}
 
     def run(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
-        """Run fn on the engine thread; bad input -> 400, a slow engine -> 504."""
-        future = self.pool.submit(fn, *args, **kwargs)
+        """Run fn on the engine thread; bad input -> 400, a slow engine -> 504, a stuck or dead one -> 503."""
+        problem = self.health()
+        if problem is not None:
+            raise ServerError(503, problem)
+        future = self.pool.submit(self._guarded, fn, args, kwargs, timeout)
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:
             raise ServerError(504, f"the engine did not answer within {timeout:g} s") from None
         except Exception as exc:
-            if _is_bad_input(exc):
+            if is_bad_input(exc):
                 raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
             raise
+
+    def _guarded(self, fn: Any, args: tuple, kwargs: dict, timeout: float) -> Any:
+        """fn on the engine thread; on any error the engine is cleaned up before the next call."""
+        self._busy = (getattr(fn, "__name__", "an engine call"), time.monotonic() + timeout)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            self._recover()
+            raise
+        finally:
+            self._busy = None
+
+    def _recover(self) -> None:
+        """Abort every request still inside vLLM (a failed step leaves them there, and the next
+        call would step them again, forever); mark the engine dead if even that fails."""
+        try:
+            engine = self.engine.llm.llm_engine
+            pending = list(engine.output_processor.external_req_ids)
+            if pending:
+                engine.abort_request(pending, internal=False)
+        except AttributeError:
+            return  # not a vLLM engine (nothing is left inside it)
+        except Exception as exc:
+            self.dead = (f"the engine failed and could not be cleaned up ({type(exc).__name__}: {exc}); "
+                         "restart grpo vllm-serve")
+
+    def health(self) -> str | None:
+        """None when the engine can take calls, else why not (dead, or stuck on a call past its deadline)."""
+        if self.dead:
+            return self.dead
+        busy = self._busy
+        if busy is not None and time.monotonic() > busy[1]:
+            return (f"the engine is stuck: {busy[0]} has run {time.monotonic() - busy[1]:.0f} s past its "
+                    "deadline; restart grpo vllm-serve")
+        return None
 
     def generate(self, prompts: list, n: int, sampling: Any, *, seed: int | None, logprobs: bool,
                  timeout: float) -> Any:
@@ -246,31 +293,75 @@ class EngineHost:
 
     # -- the broadcast group ------------------------------------------------------------
     def open_group(self, backend: str, timeout: float) -> int:
-        """Host a TCPStore on a free port; join the group as rank 1 in the background."""
-        from datetime import timedelta
+        """The port of a TCPStore on the server's own address for the client to join as rank 0.
 
-        import torch.distributed as dist
-
+        At most one group exists: a setup the client has not joined yet is handed out again (a
+        retrying client must not open a port per call), and a finished or failed one is closed
+        before a new one opens. The store listens on ``bind_host`` only (torch's own listener would
+        take every address of the machine).
+        """
         if backend == "nccl":
             import torch
 
             if not torch.cuda.is_available():
                 raise ServerError(400, "transport 'nccl' needs a GPU on the server; use 'gloo' or 'http'")
-        store = dist.TCPStore(self.bind_host, 0, 2, True, timedelta(seconds=timeout), wait_for_workers=False)
-        self.group, self.group_backend = None, backend
+        with self.lock:
+            self._reap()
+            if self.update is not None and self.update.transport in ("gloo", "nccl"):
+                raise ServerError(409, f"a weight update ({self.update.id}) is using the {self.update.transport} "
+                                       "group; wait for it to end")
+            pending = self._group_ready
+            if pending is not None and not pending.done() and self._store is not None:
+                if self.group_backend != backend:
+                    raise ServerError(409, f"a {self.group_backend} group is being set up; join it, or wait "
+                                           "for its timeout")
+                return self._store.port
+            self.close_group()
+            store = self._listening_store(timeout)
+            self._group_ready, self._store, self.group_backend = Future(), store, backend
+            threading.Thread(target=self._join_group, args=(backend, store, timeout, self._group_ready),
+                             name="grpo-weights-group", daemon=True).start()
+            return store.port
+
+    def _listening_store(self, timeout: float) -> Any:
+        """A master TCPStore whose listening socket is bound to ``bind_host`` (passed by file descriptor)."""
+        import socket
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        family = socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((self.bind_host, 0))
+            sock.listen(16)
+            store = dist.TCPStore(self.bind_host, sock.getsockname()[1], 2, True, timedelta(seconds=timeout),
+                                  wait_for_workers=False, master_listen_fd=sock.fileno())
+        except Exception as exc:
+            sock.close()
+            raise ServerError(500, f"cannot open a weight group on {self.bind_host}: {exc}") from None
+        sock.detach()  # the store owns the descriptor now and closes it with itself
+        return store
+
+    def _join_group(self, backend: str, store: Any, timeout: float, ready: Future) -> None:
         host = self.bind_host if self.bind_host not in ("0.0.0.0", "::") else None
-        ready: Future = Future()
+        try:
+            group = open_group(backend, store, 1, 2, timeout, hostname=host)
+        except Exception as exc:  # reported by the next bucket
+            ready.set_exception(exc)
+            return
+        if self._group_ready is ready:
+            self.group = group
+            ready.set_result(group)
+        else:  # replaced meanwhile
+            _shutdown(group)
+            ready.set_exception(RuntimeError("the group was replaced by a newer one"))
 
-        def join() -> None:
-            try:
-                self.group = open_group(backend, store, 1, 2, timeout, hostname=host)
-                ready.set_result(self.group)
-            except Exception as exc:  # reported by the next bucket
-                ready.set_exception(exc)
-
-        threading.Thread(target=join, name="grpo-weights-group", daemon=True).start()
-        self._group_ready, self._store = ready, store
-        return store.port
+    def close_group(self) -> None:
+        """Close the group and its store (their sockets close with them)."""
+        group, self.group, self._store, self._group_ready, self.group_backend = self.group, None, None, None, None
+        if group is not None:
+            _shutdown(group)
 
     def _wait_group(self, timeout: float) -> Any:
         if self._group_ready is None:
@@ -284,11 +375,12 @@ class EngineHost:
             raise ServerError(502, f"the {self.group_backend} group failed: {exc}") from None
 
     def close(self) -> None:
+        self.close_group()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.engine.close()
 
 
-def _is_bad_input(exc: Exception) -> bool:
+def is_bad_input(exc: Exception) -> bool:
     """Errors that mean the request was wrong (vLLM's VLLMClientError family, ValueError, ...)."""
     if isinstance(exc, (ValueError, TypeError, KeyError)):
         return True
@@ -299,9 +391,15 @@ def _is_bad_input(exc: Exception) -> bool:
     return isinstance(exc, VLLMClientError)
 
 
+def _shutdown(group: Any) -> None:
+    """Close a process group's connections (a group torch cannot shut down is just dropped)."""
+    with contextlib.suppress(Exception):  # best effort: the group is being thrown away
+        group.shutdown()
+
+
 def _reason(future: Future) -> str:
     exc = future.exception()
     return f"{type(exc).__name__}: {exc}" if exc else "finished"
 
 
-__all__ = ["EngineHost", "ServerError", "WeightUpdate"]
+__all__ = ["EngineHost", "ServerError", "WeightUpdate", "is_bad_input"]

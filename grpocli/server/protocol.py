@@ -17,19 +17,61 @@ Protocol version 1. Paths (state-changing ones need the API key when the server 
     POST /weights/group        key  OpenGroup -> port (of the store to join as rank 0), backend, rank, world_size
     POST /reset_prefix_cache   key  -> reset
     POST /close                key  -> closing; the server stops
+
+Every body is checked before anything reaches the engine: each number anywhere in it (also inside
+free-form fields such as /v1/completions' vLLM extras) must be finite and fit a 64-bit integer,
+and seeds must lie in vLLM's range (``SEED_MIN`` .. ``SEED_MAX``, a torch long). A body that fails
+gets a 422 naming the field and the reason.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 PROTOCOL_VERSION = 1
+#: vLLM's own server bounds a seed by torch.long; -1 means "no seed" to vLLM.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+#: Largest top_k: vLLM keeps it in an int32 tensor.
+TOP_K_MAX = 2**31 - 1
+
+Seed = Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX, description="vLLM's per-request seed")]
 
 
-class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def check_numbers(value: Any, where: str = "body") -> None:
+    """Refuse NaN, infinities and integers beyond 64 bits anywhere in a JSON value (ValueError naming
+    the place): vLLM would turn them into tensors or generators inside its step, where an error
+    fails every request, not this one."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a finite number")
+    if isinstance(value, int) and not SEED_MIN <= value <= SEED_MAX:
+        raise ValueError(f"{where}: {value} does not fit a 64-bit integer")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_numbers(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_numbers(item, f"{where}[{i}]")
+
+
+class Checked(BaseModel):
+    """A request body whose numbers are all checked (see ``check_numbers``)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: Any) -> Any:
+        check_numbers(data)
+        return data
+
+
+class Body(Checked):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class GenerateRequest(Body):
@@ -39,11 +81,11 @@ class GenerateRequest(Body):
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1, le=TOP_K_MAX)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     stop: list[str] = Field(default_factory=list)
-    seed: int | None = None
+    seed: Seed | list[Seed] | None = Field(None, description="One seed for every prompt, or one per prompt.")
     logprobs: bool = True
 
     @model_validator(mode="after")
@@ -55,6 +97,8 @@ class GenerateRequest(Body):
             raise ValueError("no prompts")
         if self.prompt_ids is not None and any(not row for row in self.prompt_ids):
             raise ValueError("an empty prompt in 'prompt_ids'")
+        if isinstance(self.seed, list) and len(self.seed) != len(rows):
+            raise ValueError(f"'seed' lists {len(self.seed)} seeds for {len(rows)} prompts: give one per prompt")
         return self
 
 

@@ -36,18 +36,18 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_problems
 from grpocli.server.host import EngineHost, ServerError
 from grpocli.server.peer import TIMEOUT, Peer, join
+from grpocli.server.protocol import Body
 
 #: vLLM's default chunk size of a packed broadcast (vllm.distributed.weight_transfer.packed_tensor).
 PACKED_BUFFER_BYTES = 1024**3
 
 
-class InitInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InitInfo(Body):
 
     master_address: str
     master_port: int = Field(ge=1, le=65535)
@@ -59,8 +59,7 @@ class InitInfo(BaseModel):
     backend: Literal["nccl", "gloo"] = "nccl"
 
 
-class UpdateInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class UpdateInfo(Body):
 
     names: list[str]
     dtype_names: list[str]
@@ -75,18 +74,15 @@ class UpdateInfo(BaseModel):
         return self
 
 
-class InitRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class InitRequest(Body):
     init_info: InitInfo
 
 
-class UpdateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class UpdateRequest(Body):
     update_info: UpdateInfo | list[UpdateInfo]  # a list: one per engine worker (vLLM's data-parallel form)
 
 
-class FinishRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FinishRequest(Body):
     weight_version: str | None = None
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter, field_validator
 
 from grpocli.server.completions import (
     ChatRequest,
@@ -38,22 +38,33 @@ from grpocli.server.completions import (
     vllm_params,
 )
 from grpocli.server.host import EngineHost
+from grpocli.server.protocol import TOP_K_MAX, Checked, Seed
 
 
-class LegacyGenerate(BaseModel):
-    """TRL 0.x's /generate/ body."""
+class LegacyGenerate(Checked):
+    """TRL 0.x's /generate/ body; of its generation_kwargs only ``seed`` is used (checked here)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     prompts: list[str] | list[list[int]] = Field(min_length=1)
     n: int = Field(1, ge=1, le=1024)
     repetition_penalty: float = Field(1.0, gt=0.0)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    top_k: int = Field(-1, ge=-1, le=TOP_K_MAX)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     max_tokens: int = Field(16, ge=1)
     generation_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("generation_kwargs")
+    @classmethod
+    def _seed_in_range(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if kwargs.get("seed") is not None:
+            try:
+                TypeAdapter(Seed).validate_python(kwargs["seed"])
+            except ValueError as exc:
+                raise ValueError(f"generation_kwargs.seed: {exc.errors()[0]['msg']}") from None
+        return kwargs
 
 
 def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: float) -> None:
@@ -120,8 +131,10 @@ def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: flo
         return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs}
 
     @app.get("/health/")
-    def legacy_health() -> dict[str, str]:
-        return {"status": "ok"}
+    def legacy_health() -> Any:
+        from grpocli.server.app import health_answer
+
+        return health_answer(host)
 
 
 def _vllm_model_config(engine: Any) -> Any:
