@@ -174,6 +174,9 @@ def math_accuracy(
     return out
 
 
+math_accuracy.bounds_own_time = True  # math-verify's per-answer alarms need the main thread (invocation)
+
+
 def _parse_gold(parse: Callable[..., list], gold: str, seconds: int | None) -> list:
     """Gold as written, else as LaTeX math ('x^2+1' parses only inside $...$); plain words
     are never wrapped, since math-verify would read them as products of symbols."""

@@ -3,29 +3,52 @@
 As in TRL's GRPOTrainer, ``async def`` rewards run concurrently on a persistent event loop in
 a daemon thread (so clients bound to a loop keep working between steps) while the sync ones
 run in the calling thread. A timeout turns a call that does not return into an error: sync
-calls then run in a daemon thread that is left behind when it expires.
+calls then run in a daemon thread that is left behind when it expires (Python cannot stop a
+thread; being a daemon, it does not keep the process alive), and a loop that an ``async def``
+reward blocks (time.sleep instead of await) is left behind the same way for a fresh one.
+
+Whatever a reward raises comes back as Failed, SystemExit (``sys.exit()`` in a reward) too, so
+the caller decides (stop naming the reward, or score None); only KeyboardInterrupt goes through.
+A function marked ``bounds_own_time = True`` (math-verify's signal alarms need the main
+thread) always runs in the calling thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import os
+import sys
+import sysconfig
 import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Callable
 
+LOOP_GRACE_S = 5.0  # how long past the longest timeout to wait for a loop that should have answered
+
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid: int | None = None
+_loop_thread: threading.Thread | None = None
 _loop_lock = threading.Lock()
 
 
 @dataclass
 class Failed:
-    """The exception a call raised (or a TimeoutError), in place of its result."""
+    """The exception a call raised (or a RewardTimeout), in place of its result."""
 
     exc: BaseException
+
+
+class RewardTimeout(TimeoutError):
+    """A call that gave no result within its timeout; ``stuck_at`` is 'file:line' where it was
+    waiting, ``blocked_loop`` says the event loop of the async rewards stopped answering (a
+    reward blocked it), so calling again would block again."""
+
+    def __init__(self, seconds: float, stuck_at: str | None = None, blocked_loop: bool = False) -> None:
+        self.seconds, self.stuck_at, self.blocked_loop = seconds, stuck_at, blocked_loop
+        super().__init__(f"no result within {seconds:g} s")
 
 
 def keyword_names(fn: Callable[..., Any]) -> set[str] | None:
@@ -52,37 +75,45 @@ def is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
-def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeout: float | None) -> list[Any]:
-    """Results of ``fn(**kwargs)`` for each call, in order; a raised exception comes back as Failed."""
+def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]],
+             timeouts: list[float | None]) -> list[Any]:
+    """Results of ``fn(**kwargs)`` for each call, in order, each bounded by its timeout in
+    seconds (None: no bound); a raised exception or a timeout comes back as Failed."""
     results: list[Any] = [None] * len(calls)
     coroutines: dict[int, Awaitable[Any]] = {}
     for i, (fn, kwargs) in enumerate(calls):
         if is_async(fn):
             coroutines[i] = _start(fn, kwargs)
-    pending = _submit(coroutines, timeout) if coroutines else None
+    pending = _submit(coroutines, timeouts) if coroutines else None
     late: dict[int, Awaitable[Any]] = {}
     for i, (fn, kwargs) in enumerate(calls):
         if i in coroutines:
             continue
-        results[i] = _call_sync(fn, kwargs, timeout)
+        results[i] = _call_sync(fn, kwargs, None if runs_inline(fn) else timeouts[i])
         if inspect.isawaitable(results[i]):  # a sync callable that hands back a coroutine
             late[i] = results[i]
-    futures = [f for f in (pending, _submit(late, timeout) if late else None) if f is not None]
-    for future in futures:
-        for i, value in future.result().items():
+    for batch in (pending, _submit(late, timeouts) if late else None):
+        for i, value in (batch.wait() if batch is not None else {}).items():
             results[i] = value
     return results
 
 
 def call_one(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
     """One call, sync or async; the result, or Failed."""
-    return call_all([(fn, kwargs)], timeout)[0]
+    return call_all([(fn, kwargs)], [timeout])[0]
+
+
+def runs_inline(fn: Callable[..., Any]) -> bool:
+    """True for a function that bounds its own time and must run in the calling thread."""
+    return bool(getattr(fn, "bounds_own_time", False))
 
 
 def _start(fn: Callable[..., Any], kwargs: dict[str, Any]) -> Awaitable[Any]:
     try:
         return fn(**kwargs)  # creates the coroutine; binding errors (TypeError) raise here
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too
         return _raise_later(exc)
 
 
@@ -94,50 +125,128 @@ def _call_sync(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | 
     if timeout is None:
         try:
             return fn(**kwargs)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: a reward must not end the run unnamed
             return Failed(exc)
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
             box["result"] = fn(**kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too
             box["result"] = Failed(exc)
 
     thread = threading.Thread(target=target, name="grpo-reward", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        return Failed(TimeoutError(_timeout_message(timeout)))
+        return Failed(RewardTimeout(timeout, _thread_at(thread)))
     return box["result"]
 
 
-def _timeout_message(timeout: float) -> str:
-    return f"no result within {timeout:g} s"
 
 
-def _submit(coroutines: dict[int, Awaitable[Any]], timeout: float | None):
-    async def one(aw: Awaitable[Any]) -> Any:
+@dataclass
+class _Batch:
+    """Coroutines running on the shared loop, and how long to wait for all of them."""
+
+    future: Any
+    indices: list[int]
+    timeout: float  # the longest of their timeouts
+    wait_s: float | None
+
+    def wait(self) -> dict[int, Any]:
         try:
-            return await (asyncio.wait_for(aw, timeout) if timeout is not None else aw)
-        except asyncio.TimeoutError:
-            return Failed(TimeoutError(_timeout_message(timeout or 0)))
-        except Exception as exc:
-            return Failed(exc)
+            return self.future.result(self.wait_s)
+        except concurrent.futures.TimeoutError:
+            stuck_at = _thread_at(_loop_thread) if _loop_thread is not None else None
+            _abandon_loop()
+            return {i: Failed(RewardTimeout(self.timeout, stuck_at, blocked_loop=True)) for i in self.indices}
+
+
+def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None]) -> _Batch:
+    async def one(aw: Awaitable[Any], timeout: float | None) -> Any:
+        task = asyncio.ensure_future(_guarded(aw))
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            try:
+                return task.result()
+            except asyncio.CancelledError as exc:  # the reward cancelled itself
+                return Failed(exc)
+        stuck_at = _coroutine_at(aw)
+        task.cancel()
+        return Failed(RewardTimeout(timeout or 0, stuck_at))
 
     async def gather() -> dict[int, Any]:
-        values = await asyncio.gather(*(one(aw) for aw in coroutines.values()))
+        values = await asyncio.gather(*(one(aw, timeouts[i]) for i, aw in coroutines.items()))
         return dict(zip(coroutines, values))
 
-    return asyncio.run_coroutine_threadsafe(gather(), _event_loop())
+    bounds = [timeouts[i] for i in coroutines]
+    longest = max((t for t in bounds if t is not None), default=0.0)
+    wait_s = None if any(t is None for t in bounds) else longest + LOOP_GRACE_S
+    future = asyncio.run_coroutine_threadsafe(gather(), _event_loop())
+    return _Batch(future, list(coroutines), longest, wait_s)
+
+
+async def _guarded(aw: Awaitable[Any]) -> Any:
+    """The awaitable's result, or Failed for whatever it raised: SystemExit raised in a task
+    would otherwise stop the loop's thread and leave every caller waiting."""
+    try:
+        return await aw
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too
+        return Failed(exc)
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
     """The persistent loop async rewards run on, started on first use (again after a fork)."""
-    global _loop, _loop_pid
+    global _loop, _loop_pid, _loop_thread
     with _loop_lock:
         if _loop is None or _loop.is_closed() or _loop_pid != os.getpid():
             _loop = asyncio.new_event_loop()
             _loop_pid = os.getpid()
-            threading.Thread(target=_loop.run_forever, name="grpo-async-rewards", daemon=True).start()
+            _loop_thread = threading.Thread(target=_loop.run_forever, name="grpo-async-rewards", daemon=True)
+            _loop_thread.start()
         return _loop
+
+
+def _abandon_loop() -> None:
+    """Forget a loop a reward blocks; the next async call starts a fresh one."""
+    global _loop, _loop_thread
+    with _loop_lock:
+        _loop, _loop_thread = None, None
+
+
+def _thread_at(thread: threading.Thread) -> str | None:
+    """'file:line' where a running thread waits (see _place)."""
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return _place(frames[::-1])
+
+
+def _coroutine_at(coro: Any) -> str | None:
+    """'file:line' where a suspended coroutine waits, through what it awaits (see _place)."""
+    frames = []
+    while getattr(coro, "cr_frame", None) is not None:
+        frames.append(coro.cr_frame)
+        coro = coro.cr_await
+    return _place(frames)
+
+
+def _place(frames: list[Any]) -> str | None:
+    """'file:line' of the innermost of ``frames`` (outermost first) in the user's own code:
+    outside the standard library and installed packages if any is, else outside the standard
+    library (a plugin's reward), else the innermost."""
+    paths = sysconfig.get_paths()
+    stdlib, installed = (paths["stdlib"],), (paths["purelib"], paths["platlib"])
+    for outside in (stdlib + installed, stdlib, ()):
+        own = [f for f in frames if not f.f_code.co_filename.startswith(outside) or not outside]
+        own = [f for f in own if f.f_code.co_filename != __file__]
+        if own:
+            return f"{own[-1].f_code.co_filename}:{own[-1].f_lineno}"
+    return None

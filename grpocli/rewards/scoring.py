@@ -22,7 +22,7 @@ from grpocli.errors import UserError
 from grpocli.rewards import invocation
 from grpocli.rewards.arguments import RESERVED, check_reward_args
 from grpocli.rewards.context import RewardLog, trainer_state, trl_completions
-from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
+from grpocli.rewards.invocation import Failed, RewardTimeout, accepted_kwargs, call_all, call_one
 from grpocli.rewards.references import lookup
 
 VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
@@ -40,6 +40,7 @@ class RewardFn:
     args: dict[str, Any] = field(default_factory=dict)
     gate: bool = False
     on_error: Literal["raise", "none"] = "raise"
+    timeout: float | None = None  # seconds per call; None: no bound (rewards[i].timeout, 0 = None)
 
 
 @dataclass
@@ -86,7 +87,8 @@ def score(
     state: Any = None,
 ) -> Scores:
     """Call every reward on the batch with TRL's keywords (grpocli.rewards.context), check and
-    combine; ``state`` is the trainer_state they get; ``timeout`` bounds each call (seconds)."""
+    combine; ``state`` is the trainer_state they get. Each call is bounded by its RewardFn's
+    ``timeout`` (seconds), or by ``timeout`` for all of them where given."""
     completions = trl_completions(prompts, completions)
     _check_batch(fns, prompts, completions, columns, completion_ids, combination)
     log = RewardLog()
@@ -94,12 +96,13 @@ def score(
                "log_extra": log.log_extra, "log_metric": log.log_metric}
     calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, context))
              for i, rf in enumerate(fns)]
-    outcomes = call_all(calls, timeout)
+    timeouts = [rf.timeout if timeout is None else timeout for rf in fns]
+    outcomes = call_all(calls, timeouts)
     per_reward: dict[str, list[float | None]] = {}
     errors: dict[str, int] = {}
     for i, (rf, outcome) in enumerate(zip(fns, outcomes)):
         if isinstance(outcome, Failed):
-            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeout, context)
+            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeouts[i], context)
             per_reward[rf.name] = [None] * len(completions)
             errors[rf.name] = len(completions)
         else:
@@ -125,8 +128,8 @@ def reward_metrics(scores: Scores) -> dict[str, float]:
 
 
 def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
-    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error and,
-    for reward models, batch_size and device).
+    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error,
+    timeout (0 or absent: no bound) and, for reward models, batch_size and device).
 
     A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
     model directory (``grpocli.rewards.references``; registered names first). UserError for a
@@ -141,7 +144,9 @@ def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
         _check_spec(i, spec, found.fn)
         seen[found.label] += 1
         label = found.label if seen[found.label] == 1 else f"{found.label}#{seen[found.label]}"
-        out.append(RewardFn(label, found.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error))
+        timeout = float(getattr(spec, "timeout", 0) or 0) or None
+        out.append(RewardFn(label, found.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error,
+                            timeout))
     return out
 
 
@@ -151,6 +156,10 @@ def _check_spec(i: int, spec: Any, fn: Callable[..., Any]) -> None:
                         valid="a finite number")
     if spec.on_error not in ("raise", "none"):
         raise UserError(f"on_error is {spec.on_error!r}", where=f"rewards[{i}].on_error", valid='"raise", "none"')
+    timeout = float(getattr(spec, "timeout", 0) or 0)
+    if not (math.isfinite(timeout) and timeout >= 0):
+        raise UserError(f"timeout of reward {spec.name!r} is {timeout}", where=f"rewards[{i}].timeout",
+                        valid="seconds >= 0 (0 = no limit)")
     check_reward_args(i, spec.name, fn, spec.args)
 
 
@@ -235,7 +244,8 @@ def _number(value: Any) -> float | None | Literal[False]:
 
 
 def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout, context) -> None:
-    """Raise the UserError for a reward that raised, unless on_error = "none" keeps the run going."""
+    """Raise the UserError for a reward that raised, called sys.exit() or ran past its timeout,
+    unless on_error = "none" keeps the run going."""
     if isinstance(exc, UserError):
         if exc.where is None:
             raise UserError(exc.what, where=f"rewards[{i}] ({rf.name})", valid=exc.valid, hint=exc.hint) from exc
@@ -243,37 +253,62 @@ def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout, co
     if rf.on_error == "none":
         return
     row = None
-    if not isinstance(exc, TimeoutError):
+    if not getattr(exc, "blocked_loop", False):  # a blocked loop would only block again
         row = _locate_row(i, rf, type(exc), prompts, completions, columns, completion_ids, timeout, context)
     place = f"on a batch of {len(completions)} completions"
     if row is not None:
         place = f"on row {row} (completion {_short(completions[row])})"
-    hint = f'fix the function, or set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+    what, hint = _failure(i, exc, timeout, columns)
+    raise UserError(f"reward {rf.name!r} {what} {place}{_origin(exc)}", where=f"rewards[{i}] ({rf.name})",
+                    hint=hint) from exc
+
+
+def _failure(i: int, exc: BaseException, timeout: float | None, columns: dict[str, list]) -> tuple[str, str]:
+    """What went wrong in words, and what to do about it."""
+    none = f'set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+    if isinstance(exc, RewardTimeout) and exc.blocked_loop:
+        return (f"timed out: {exc}, and the event loop that async rewards share stopped answering",
+                (f"an `async def` reward must await, never block (time.sleep, requests, a lock): use "
+                 f"asyncio.sleep or an async client, or make it a plain def (rewards[{i}].timeout then "
+                 "bounds it in a thread of its own)"))
+    if isinstance(exc, RewardTimeout):
+        seconds = timeout if timeout is not None else exc.seconds
+        return (f"timed out: {exc}",
+                (f"if it is only slow, raise rewards[{i}].timeout (now {seconds:g} s; 0 = no limit); if "
+                 f"it hangs (a network call without a timeout, a lock, input()), fix the function; or {none}"))
+    if isinstance(exc, SystemExit):
+        return (f"called sys.exit({exc.code!r})",
+                ("a reward must return one score per completion and never end the process: return None "
+                 f"for a completion it cannot score, or raise an exception; or {none}"))
     if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
-        hint = (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
-                f"({', '.join(sorted(columns)) or 'none'}) and its args by name")
-    raise UserError(f"reward {rf.name!r} raised {type(exc).__name__}: {exc} {place}{_origin(exc)}",
-                    where=f"rewards[{i}] ({rf.name})", hint=hint) from exc
+        return (f"raised TypeError: {exc}",
+                (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
+                 f"({', '.join(sorted(columns)) or 'none'}) and its args by name"))
+    return f"raised {type(exc).__name__}: {exc}", f"fix the function, or {none}"
 
 
 def _locate_row(i, rf, exc_type, prompts, completions, columns, completion_ids, timeout, context) -> int | None:
-    """The first row that raises the same exception type when scored alone (None if none does,
-    or if looking takes longer than MAX_SECONDS_TO_LOCATE)."""
+    """The first row that fails the same way when scored alone (None if none does, or if looking
+    takes longer than MAX_SECONDS_TO_LOCATE; each row gets the reward's timeout or what is left)."""
     deadline = time.monotonic() + MAX_SECONDS_TO_LOCATE
     for row in range(min(len(completions), MAX_ROWS_TO_LOCATE)):
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return None
         unlogged = RewardLog()  # what a re-scored row logs is not the batch's
         quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
         kwargs = _kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row)
-        outcome = call_one(rf.fn, kwargs, timeout)
+        outcome = call_one(rf.fn, kwargs, None if timeout is None else min(timeout, left))
         if isinstance(outcome, Failed) and isinstance(outcome.exc, exc_type):
             return row
     return None
 
 
 def _origin(exc: BaseException) -> str:
-    """' at file:line' of the deepest frame in the reward's own code ('' when none is)."""
+    """' at file:line' of the deepest frame in the reward's own code ('' when none is); for a
+    call that timed out, where it was waiting."""
+    if isinstance(exc, RewardTimeout):
+        return f" (waiting at {exc.stuck_at})" if exc.stuck_at else ""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != invocation.__file__]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 

@@ -70,7 +70,7 @@ def test_timeout_stops_waiting_for_sync_and_async_rewards():
 
     for fn in (hangs, hangs_async):
         start = time.perf_counter()
-        with pytest.raises(UserError, match="TimeoutError: no result within 0.2 s"):
+        with pytest.raises(UserError, match="timed out: no result within 0.2 s"):
             score([RewardFn("h", fn)], PROMPTS, COMPLETIONS, COLUMNS, timeout=0.2)
         assert time.perf_counter() - start < 2
     scores = score([RewardFn("h", hangs_async, on_error="none")], PROMPTS, COMPLETIONS, COLUMNS, timeout=0.1)
