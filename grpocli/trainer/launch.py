@@ -6,7 +6,9 @@ Ways in, and what each one does:
   line under `accelerate launch --multi_gpu --num_processes n`: torchrun, the launcher that
   starts n processes on CPU too. On a machine without CUDA each process opens
   `Accelerator(cpu=True)`, which joins a gloo group (DistributedType.MULTI_CPU) and wraps the
-  model in DDP.
+  model in DDP. grpo runs accelerate's launcher inside its own (grpocli.trainer.processes), so
+  that killing `grpo train` in any way kills the launcher and the workers too, and a worker's
+  user error is printed once (exit 2) without torchrun's report.
 * A process torchrun started (`accelerate launch --multi_gpu`, a config file's MULTI_GPU, GPUs
   found, or the re-run above; WORLD_SIZE is set), or one of an MPI job: trains as one of them.
 * A process accelerate's one-process launcher started: `accelerate launch --cpu
@@ -17,6 +19,10 @@ Ways in, and what each one does:
   machines; one GPU without --cpu) or the request cannot be read, it stops (exit 2) naming the
   command that works. Under `accelerate launch` an exit 2 is followed by accelerate's own
   CalledProcessError traceback unless it was given --quiet.
+
+The run directory is locked (grpocli.trainer.lock) by the process the user started, for the
+whole run: `grpo train` here, also when it launches n processes (they do not lock), or the main
+process under a launcher grpo did not start.
 
 The launcher decides how many processes run; the run's config.resolved.toml records the number
 that ran (`train.num_processes`) and the mixed precision that was used.
@@ -33,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,6 +49,8 @@ from grpocli.recipe import Resolved
 LAUNCHED = "GRPOCLI_LAUNCHED"  # not GRPO_*: those are recipe keys
 #: World sizes an MPI launcher sets (accelerate's `--mpirun_hostfile`); accelerate reads them too.
 MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+#: The module `grpo train` runs as its launcher: accelerate launch, quiet about failed workers.
+LAUNCHER = "grpocli.trainer.processes"
 #: Set by every `accelerate launch` launcher in the processes it starts.
 ACCELERATE_PRECISION = "ACCELERATE_MIXED_PRECISION"
 
@@ -59,20 +66,57 @@ class AccelerateRequest:
 
 
 def launch(resolved: Resolved, overrides: list[str]) -> None:
-    request = accelerate_request()
-    resolved = settle_mixed_precision(resolved, request)
-    if _inside_launch():
-        resolved = _adopt_world_size(resolved, _world_size())
-    else:
+    """Train here, or start the processes that train; the run directory is locked meanwhile
+    (grpocli.trainer.lock) by the process that was started by the user."""
+    from grpocli.trainer.processes import worker
+
+    if _inside_launch():  # one of several: dies with its launcher, says its errors once
+        with worker(), _main_process_lock(resolved):
+            resolved = settle_mixed_precision(resolved, accelerate_request())
+            _train(_adopt_world_size(resolved, _world_size()))
+        return
+    with _lock(resolved):  # before anything reads or writes the run
+        request = accelerate_request()
+        resolved = settle_mixed_precision(resolved, request)
         n = _processes_to_start(resolved, overrides, request)
-        if n > 1:
-            _check_run_dir(resolved)  # once, here: not n times, each under a torchrun traceback
-            if n != resolved.recipe.train.num_processes:
-                overrides = [*_without_num_processes(overrides), f"train.num_processes={n}"]
-            sys.exit(_accelerate_launch(resolved, overrides, n))
+        if n == 1:
+            _train(resolved)
+            return
+        _check_run_dir(resolved)  # once, here: not n times
+        if n != resolved.recipe.train.num_processes:
+            overrides = [*_without_num_processes(overrides), f"train.num_processes={n}"]
+        code = _accelerate_launch(resolved, overrides, n)
+    sys.exit(code)
+
+
+def _train(resolved: Resolved) -> None:
     from grpocli.trainer.loop import train
 
     train(resolved)
+
+
+def _lock(resolved: Resolved):
+    from grpocli.rundir import RunDir
+    from grpocli.trainer.lock import run_lock
+
+    return run_lock(RunDir(resolved.output_dir()))
+
+
+def _main_process_lock(resolved: Resolved):
+    """The lock, in the main process of a launcher grpo did not start (torchrun, MPI); the
+    processes `grpo train` launched leave it to `grpo train`, the other ranks to their main one."""
+    import contextlib
+
+    if LAUNCHED in os.environ or _global_rank() != 0:
+        return contextlib.nullcontext()
+    return _lock(resolved)
+
+
+def _global_rank() -> int:
+    for key in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
 
 
 def _inside_launch() -> bool:
@@ -261,7 +305,7 @@ def _accelerate_argv(argv: list[str] | None) -> list[str] | None:
     """The arguments after `accelerate launch` / `accelerate-launch` / `-m accelerate.commands.launch`."""
     for i, part in enumerate(argv or []):
         name = Path(part).name
-        if part == "accelerate.commands.launch" or name == "accelerate-launch":
+        if part in ("accelerate.commands.launch", LAUNCHER) or name == "accelerate-launch":
             return argv[i + 1 :]
         if part == "launch" and i > 0 and Path(argv[i - 1]).name in ("accelerate", "accelerate.commands.accelerate_cli"):
             return argv[i + 1 :]
@@ -279,8 +323,9 @@ def _check_run_dir(resolved: Resolved) -> None:
 
 
 def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str]:
-    """`python -m accelerate.commands.launch --multi_gpu --num_processes n ... -m grpocli.cli.app train ...`."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n),
+    """`python -m grpocli.trainer.processes --multi_gpu --num_processes n ... -m grpocli.cli.app train ...`:
+    accelerate launch's arguments, run by grpo's launcher (grpocli.trainer.processes)."""
+    cmd = [sys.executable, "-m", LAUNCHER, "--multi_gpu", "--num_processes", str(n),
            "--num_machines", "1", "--mixed_precision", resolved.recipe.train.mixed_precision,
            "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
     recipe = str(resolved.path) if resolved.path else None
@@ -289,7 +334,9 @@ def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str
 
 def _accelerate_launch(resolved: Resolved, overrides: list[str], n: int) -> int:
     """Re-run this same `grpo train` under accelerate with n data-parallel processes."""
-    return subprocess.call(launch_command(resolved, overrides, n), env={**os.environ, LAUNCHED: "1"})
+    from grpocli.trainer.processes import run_launcher
+
+    return run_launcher(launch_command(resolved, overrides, n), env={**os.environ, LAUNCHED: "1"})
 
 
 def _free_port() -> int:
