@@ -6,17 +6,48 @@
     <run>/checkpoints/step-N/        model + tokenizer (save_pretrained) + trainer/ state
 A checkpoint directory is complete exactly when it is named step-N: it is written as
 step-N.tmp and renamed at the end (an atomic rename), so a crash never leaves a
-complete-looking one behind.
+complete-looking one behind. A disk can still damage one later (a truncated or deleted file),
+so resume and `grpo eval` check it first (`checkpoint_problems`) and take the newest intact one.
+
+JSON-lines files are read line by line as bytes: a torn or non-UTF-8 line (what SIGKILL or a
+full disk leaves at the end) is skipped and its number reported, never fatal.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpocli.errors import UserError
+
 _STEP = re.compile(r"^step-(\d+)$")
+#: What a trainer/ directory holds besides the RNG files (see grpocli.trainer.checkpoint).
+TRAINER_FILES = ("optimizer.pt", "scheduler.pt")
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A checkpoint that must not be used, and why."""
+
+    path: Path
+    problems: list[str]
+
+    def render(self) -> str:
+        return f"{self.path.name}: {'; '.join(self.problems)}"
+
+
+@dataclass
+class JsonLines:
+    """A JSON-lines file as far as it could be read."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # 1-based numbers of lines that are not UTF-8 JSON objects
+    torn: bool = False  # the last line (no newline after it) is one of them: a write cut short
 
 
 class RunDir:
@@ -57,6 +88,17 @@ class RunDir:
         found = self.list_checkpoints()
         return found[-1] if found else None
 
+    def newest_intact(self, *, resume: bool) -> tuple[tuple[int, Path] | None, list[Damaged]]:
+        """The newest checkpoint with nothing wrong (None when none is), and the newer ones that
+        are damaged, newest first. ``resume``: its trainer/ state must be complete too."""
+        damaged = []
+        for step, path in reversed(self.list_checkpoints()):
+            problems = checkpoint_problems(path, resume=resume)
+            if not problems:
+                return (step, path), damaged
+            damaged.append(Damaged(path, problems))
+        return None, damaged
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every complete line of metrics.jsonl (a torn last line, from a crash, is skipped)."""
         return read_jsonl(self.metrics)
@@ -64,14 +106,143 @@ class RunDir:
     def has_run(self) -> bool:
         return self.metrics.exists() or bool(self.list_checkpoints())
 
+    def check_writable(self, where: str = "train.output_dir") -> None:
+        """UserError unless the run directory is (or can be made) a directory this process can
+        write in: a path that is a file, or a read-only place, fails here rather than mid-run."""
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            what = "is a file" if existing == self.root else f"is inside {existing}, which is a file"
+            raise UserError(f"{self.root} {what}, not a directory", where=where,
+                            valid="a new directory or an existing run directory",
+                            hint=f"pick another: {where}=runs/NAME, or move {existing} away")
+        try:
+            with tempfile.TemporaryFile(dir=existing, prefix=".grpo-write-check-"):
+                pass
+        except OSError as err:
+            made = "" if existing == self.root else f"cannot create the run directory {self.root}: "
+            raise UserError(f"{made}cannot write in {existing}: {err.strerror or err}", where=where,
+                            valid="a directory this user can write in (not a read-only mount)",
+                            hint=f"pick another: {where}=runs/NAME   or check: ls -ld {existing}") from None
+
+
+def checkpoint_problems(path: Path, *, resume: bool) -> list[str]:
+    """What is wrong with the checkpoint directory ``path``; [] when it is intact.
+
+    The model (config.json + readable safetensors, or a peft adapter) always; the trainer/
+    state (state.json, optimizer, scheduler, RNG) only for ``resume``: `grpo eval` and
+    `grpo export` read the model alone.
+    Only headers are read: a safetensors header (safe_open) and a zip's directory (torch.save).
+    """
+    if not path.is_dir():
+        return ["the directory is gone (removed after it was listed: pruned by train.save_total_limit?)"]
+    problems = _model_problems(path)
+    if resume:
+        problems += _trainer_problems(path / "trainer")
+    return problems
+
+
+def _model_problems(path: Path) -> list[str]:
+    if (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        return _json_problems(path, "adapter_config.json") + _safetensors_problems(path, ["adapter_model.safetensors"])
+    problems = _json_problems(path, "config.json")
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_bytes())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            return [*problems, f"{index.name} cannot be read ({_first_line(err)})"]
+    else:
+        shards = sorted(p.name for p in path.glob("*.safetensors"))
+        if not shards and (path / "pytorch_model.bin").is_file():
+            return problems + _zip_problems(path, ["pytorch_model.bin"])
+    return problems + _safetensors_problems(path, shards or ["model.safetensors"])
+
+
+def _trainer_problems(trainer: Path) -> list[str]:
+    if not trainer.is_dir():
+        return ["trainer/ is missing (optimizer, scheduler, RNG and state.json)"]
+    problems = [f"trainer/{p}" for p in _json_problems(trainer, "state.json")]
+    if not problems:
+        state = json.loads((trainer / "state.json").read_bytes())
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            problems.append("trainer/state.json holds no step")
+    if not (trainer / "rng-rank0.pt").is_file():
+        problems.append("trainer/rng-rank0.pt is missing: resuming would not repeat the run's random draws")
+    rng = sorted(p.name for p in trainer.glob("rng-rank*.pt"))
+    problems += [f"trainer/{p}" for p in _zip_problems(trainer, [*TRAINER_FILES, *rng])]
+    if (trainer / "reference.safetensors").exists():
+        problems += [f"trainer/{p}" for p in _safetensors_problems(trainer, ["reference.safetensors"])]
+    return problems
+
+
+def _json_problems(folder: Path, name: str) -> list[str]:
+    file = folder / name
+    if not file.is_file():
+        return [f"{name} is missing"]
+    try:
+        json.loads(file.read_bytes())
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return [f"{name} cannot be read ({_first_line(err)})"]
+    return []
+
+
+def _safetensors_problems(folder: Path, names: list[str]) -> list[str]:
+    from safetensors import safe_open
+
+    problems = []
+    for name in names:
+        file = folder / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        try:
+            with safe_open(str(file), framework="numpy") as handle:
+                handle.keys()
+        except Exception as err:  # noqa: BLE001 - SafetensorError is not importable by name everywhere
+            problems.append(f"{name} is damaged ({file.stat().st_size} bytes; {_first_line(err)})")
+    return problems
+
+
+def _zip_problems(folder: Path, names: list[str]) -> list[str]:
+    """torch.save files are zip archives: a truncated one has no central directory at its end."""
+    problems = []
+    for name in names:
+        file = folder / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif not zipfile.is_zipfile(file):
+            problems.append(f"{name} is damaged ({file.stat().st_size} bytes: not a complete torch.save file)")
+    return problems
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a JSON-lines file that could be read (see `read_jsonl_lines`)."""
+    return read_jsonl_lines(path).rows
+
+
+def read_jsonl_lines(path: Path) -> JsonLines:
+    """The file's JSON objects, and the numbers of the lines skipped: not UTF-8, not JSON, or
+    not an object (a torn write at the end, or bytes a crash or a full disk left)."""
+    out = JsonLines()
     if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+        return out
+    lines = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError, JSONDecodeError
+            row = None
+        if isinstance(row, dict):
+            out.rows.append(row)
+            continue
+        out.skipped.append(number)
+        out.torn = out.torn or number == len(lines)
     return out

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import evaluate, export, inspect, serve, train
+from grpocli.cli import evaluate, export, failures, inspect, serve, train
 from grpocli.errors import UserError
 
 app = typer.Typer(
@@ -58,6 +58,17 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except (OSError, MemoryError, RuntimeError) as exc:  # a full disk, a read-only place, memory
+        error = failures.as_user_error(exc, _command())
+        if error is None:
+            raise
+        report(error)
+        sys.exit(error.exit_code)
+
+
+def _command() -> str:
+    """The subcommand this process runs (train, eval, ...), from its command line."""
+    return next((a for a in sys.argv[1:] if not a.startswith("-")), "")
 
 
 if __name__ == "__main__":

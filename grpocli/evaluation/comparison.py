@@ -30,6 +30,7 @@ from grpocli.models.export import (
     is_adapter,
     open_model,
 )
+from grpocli.rundir import RunDir
 
 
 def parse_k(text: str | None) -> list[int] | None:
@@ -97,7 +98,7 @@ def _evaluate_one(target: Target, model: CheckpointModel, r: Any, dataset: Any, 
 
     from grpocli.data.template import RenderedPrompts
 
-    tokenizer, backend = _open_backend(model, r, sampling)
+    tokenizer, backend = _open_checked(target, model, r, sampling)
     try:
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
         rows = [prompts[i] for i in range(count)]
@@ -132,6 +133,27 @@ def model_section_for(model: Any, target: Target) -> Any:
         return model.model_copy(update={"gradient_checkpointing": False,
                                         "lora": model.lora.model_copy(update={"enabled": False})})
     return checkpoint_model(target.path, model=model).section
+
+
+def _open_checked(target: Target, model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, Any]:
+    """`_open_backend`, where a checkpoint that vanished since it was chosen (a run still training
+    prunes old ones: train.save_total_limit) is said to be gone, not a hub id to download."""
+    gone = target.path is not None and not target.path.is_dir()
+    if not gone:
+        try:
+            return _open_backend(model, r, sampling)
+        except Exception:
+            if target.path is None or target.path.is_dir():
+                raise
+    run = RunDir(target.run_root) if target.run_root is not None else None
+    now = ", ".join(p.name for _, p in run.list_checkpoints()) if run is not None else ""
+    raise UserError(
+        f"the checkpoint {target.path} was removed while grpo eval was reading it (a run that is still "
+        "training deletes older checkpoints when train.save_total_limit is set)", where="--checkpoint",
+        valid=f"checkpoints of the run now: {now}" if now else "a checkpoint directory that stays in place",
+        hint=f"copy it first (cp -r {target.path} /tmp/{target.path.name}) and evaluate the copy, or give the "
+        f"run directory{f' ({run.root})' if run is not None else ''} to take its newest checkpoint",
+    ) from None
 
 
 def _open_backend(model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, Any]:

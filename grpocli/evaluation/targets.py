@@ -1,8 +1,10 @@
 """The models one `grpo eval` compares: the recipe's base model and/or checkpoint directories.
 
 A ``--checkpoint`` is a directory written by save_pretrained (``runs/x/checkpoints/step-200``;
-a LoRA run's holds adapter_config.json and the adapters only), or a run directory (its newest complete checkpoint is taken, with a note). A checkpoint that
-does not exist is an error naming the complete checkpoints of its run. No torch here.
+a LoRA run's holds adapter_config.json and the adapters only), or a run directory (its newest
+intact checkpoint is taken, with a note naming any newer damaged one). A checkpoint that does
+not exist, or is damaged (a truncated or missing file), is an error naming the intact
+checkpoints of its run. No torch here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpocli.errors import UserError
-from grpocli.rundir import RunDir
+from grpocli.rundir import RunDir, checkpoint_problems
 
 BASE = "base"
 MODEL_FILES = ("config.json", "adapter_config.json")
@@ -45,17 +47,21 @@ def resolve_targets(checkpoints: list[str], *, base: bool) -> list[Target]:
 
 
 def resolve_checkpoint(value: str, *, where: str = "--checkpoint") -> Target:
-    """A checkpoint directory, or a run directory's newest complete checkpoint; ``where`` names
-    the argument in errors."""
+    """A checkpoint directory, or a run directory's newest intact checkpoint; ``where`` names
+    the argument in errors. A damaged checkpoint (rundir.checkpoint_problems) is an error when
+    named, and skipped with a warning in the note when it is a run's newest."""
     path = Path(value).expanduser()
-    if path.is_dir() and any((path / f).exists() for f in MODEL_FILES):
+    if path.is_dir() and (any((path / f).exists() for f in MODEL_FILES) or (path / "trainer").is_dir()):
+        problems = checkpoint_problems(path, resume=False)
+        if problems:
+            raise UserError(f"the checkpoint {value} is damaged: {'; '.join(problems)}", where=where,
+                            valid=_available(path), hint="evaluate another checkpoint, or the run directory "
+                            "(its newest intact checkpoint)")
         run_root = path.parent.parent if path.parent.name == "checkpoints" else None
         return Target(path.name, path, run_root)
     run = RunDir(path)
     if path.is_dir() and run.list_checkpoints():
-        step, latest = run.latest_checkpoint()
-        return Target(latest.name, latest, path, note=f"{value} is a run directory: taking its newest "
-                      f"checkpoint step-{step}")
+        return _newest_intact(run, value, where)
     if path.name.endswith(".tmp") or path.with_name(path.name + ".tmp").exists():
         raise UserError(f"the checkpoint {value} is incomplete (still being written, or the run "
                         "stopped while saving it)", where=where,
@@ -71,6 +77,22 @@ def resolve_checkpoint(value: str, *, where: str = "--checkpoint") -> Target:
                     hint=_hint(path))
 
 
+def _newest_intact(run: RunDir, value: str, where: str) -> Target:
+    """The run's newest intact checkpoint, with a note naming it and any newer damaged ones."""
+    newest, damaged = run.newest_intact(resume=False)
+    if newest is None:
+        raise UserError(f"no checkpoint of the run {value} is intact: " + "; ".join(d.render() for d in damaged),
+                        where=where, valid="a checkpoint whose model files are complete",
+                        hint=f"train on to write a new one (grpo train ... train.output_dir={value}), or "
+                        f"`grpo inspect {value}`")
+    step, latest = newest
+    note = f"{value} is a run directory: taking its newest checkpoint step-{step}"
+    if damaged:
+        note = (f"{value} is a run directory: taking its newest intact checkpoint step-{step}; warning: skipped "
+                "the damaged " + "; ".join(d.render() for d in damaged))
+    return Target(latest.name, latest, run.root, note=note)
+
+
 def _run_of(path: Path) -> RunDir | None:
     """The run directory a (possibly missing) checkpoint path points into."""
     base = path.with_name(path.name.removesuffix(".tmp"))
@@ -83,10 +105,10 @@ def _run_of(path: Path) -> RunDir | None:
 
 def _available(path: Path) -> str:
     run = _run_of(path)
-    found = run.list_checkpoints() if run else []
+    found = [p for _, p in (run.list_checkpoints() if run else []) if not checkpoint_problems(p, resume=False)]
     if not found:
         return "a checkpoint directory (runs/NAME/checkpoints/step-N) or a run directory"
-    return "complete checkpoints of this run: " + ", ".join(str(p) for _, p in found)
+    return "intact checkpoints of this run: " + ", ".join(str(p) for p in found)
 
 
 def _hint(path: Path) -> str:

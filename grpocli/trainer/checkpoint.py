@@ -8,10 +8,13 @@ It is written as step-N.tmp and renamed when every process has finished writing.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pickle
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 
 from grpocli.errors import UserError
-from grpocli.rundir import RunDir
+from grpocli.rundir import RunDir, checkpoint_problems
 
 #: The moving reference model (algorithm.ref_sync_steps > 0), inside step-N/trainer/.
 REFERENCE = "reference.safetensors"
@@ -32,10 +35,32 @@ def save_checkpoint(
     """Write step-N.tmp on every process, then rename it to step-N (main process).
 
     `reference` is saved too when given (a reference model that moves: ref_sync_steps > 0).
+    A write that fails (a full disk, a quota) removes step-N.tmp and raises a UserError saying
+    how much space a checkpoint takes; the earlier checkpoints and metrics.jsonl stay as they were.
     """
     _check_replicas(accelerator, model)
     final = run.checkpoint(step)
     tmp = final.with_name(final.name + ".tmp")
+    try:
+        _write(run, tmp, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
+               scheduler=scheduler, state=state, reference=reference)
+    except Exception as err:
+        if not _is_write_failure(err):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed(run, step, tmp, err, model) from None
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)  # atomic: step-N exists only when complete
+        _fsync_dir(final.parent)
+        _prune(run, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write(run: RunDir, tmp: Path, *, accelerator: Any, model: Any, tokenizer: Any, optimizer: Any,
+           scheduler: Any, state: dict[str, Any], reference: Any) -> None:
+    """Every file of step-N.tmp, flushed to disk (each process its RNG state, the main one the rest)."""
     if accelerator.is_main_process:
         for stale in run.checkpoints.glob("step-*.tmp"):  # left by a crash: never complete
             shutil.rmtree(stale, ignore_errors=True)
@@ -55,30 +80,33 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _fsync_tree(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)  # atomic: step-N exists only when complete
-        _fsync_dir(final.parent)
-        _prune(run, keep)
-    accelerator.wait_for_everyone()
-    return final
 
 
 def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
-    """The checkpoint `train.resume` names (step, path), None to start afresh; UserError for a
-    directory that already holds a run it may not continue, or a complete one."""
+    """The checkpoint `train.resume` names (step, path), None to start afresh; UserError for an
+    output_dir that cannot be written, a directory that already holds a run it may not continue,
+    a complete one, or a checkpoint that is damaged (auto: the newest intact one, with a warning
+    naming each newer damaged one; none intact is an error)."""
+    run.check_writable()
     if resume not in ("auto", "never"):
-        path = Path(resume)
-        if not (path / "trainer" / "state.json").exists():
-            raise UserError(f"no checkpoint at {resume}", where="train.resume",
-                            valid=", ".join(str(p) for _, p in run.list_checkpoints()) or "'auto' or 'never'",
-                            hint=f"ls {run.checkpoints}")
-        return int(path.name.rsplit("-", 1)[-1]), path
-    latest = run.latest_checkpoint()
+        return _named_checkpoint(run, Path(resume))
+    latest, damaged = run.newest_intact(resume=True)
     if run.has_run() and resume == "never":
         raise UserError(
             f"the run directory {run.root} already holds a run", where="train.output_dir",
             valid="an empty or new directory", hint="pick another: train.output_dir=runs/new, or resume: train.resume=auto",
         )
+    if damaged and latest is None:
+        raise UserError(
+            f"no checkpoint in {run.checkpoints} can be resumed from: "
+            + "; ".join(d.render() for d in damaged),
+            where="train.resume", valid="a checkpoint with its model, tokenizer and trainer/ state complete",
+            hint=f"start afresh in a new directory: train.output_dir={run.root}-new   (or move the damaged "
+            f"checkpoints away: mv {run.checkpoints} {run.checkpoints}-damaged)",
+        )
+    for d in damaged:
+        _warn(f"skipping the damaged checkpoint {d.path}: {'; '.join(d.problems)}; "
+              f"resuming from {latest[1].name} instead")
     if latest is not None and latest[0] >= steps:
         raise UserError(
             f"the run in {run.root} is already complete (checkpoint step-{latest[0]}, train.steps = {steps})",
@@ -86,6 +114,20 @@ def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | Non
             hint=f"grpo inspect {run.root}   or   grpo train ... train.output_dir=runs/new",
         )
     return latest
+
+
+def _named_checkpoint(run: RunDir, path: Path) -> tuple[int, Path]:
+    """train.resume=PATH: that checkpoint, when it is one and intact."""
+    intact = ", ".join(str(p) for _, p in run.list_checkpoints()
+                       if not checkpoint_problems(p, resume=True)) or "'auto' or 'never'"
+    step = path.name.rsplit("-", 1)[-1]
+    if not path.is_dir() or not step.isdigit():
+        raise UserError(f"no checkpoint at {path}", where="train.resume", valid=intact, hint=f"ls {run.checkpoints}")
+    problems = checkpoint_problems(path, resume=True)
+    if problems:
+        raise UserError(f"the checkpoint {path} is damaged: {'; '.join(problems)}", where="train.resume",
+                        valid=intact, hint="train.resume=auto (the newest intact checkpoint), or another PATH")
+    return int(step), path
 
 
 def load_checkpoint(
@@ -96,7 +138,21 @@ def load_checkpoint(
     The learning rate follows the schedule of the recipe being resumed (the scheduler is stepped to
     the checkpoint's step), so a run extended with a larger train.steps decays over the new length.
     Call it after every seeding: the RNG state it restores is the one the saved run had at step N.
+    A file that cannot be loaded (damage past its header, a model of another shape) is a UserError.
     """
+    try:
+        return _load(path, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+                     reference=reference)
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(
+            f"cannot resume from {path}: {first}", where="train.resume",
+            valid="a checkpoint of this recipe's model, written by grpo train",
+            hint=f"train.resume=PATH of an older checkpoint (ls {path.parent}), or a new train.output_dir",
+        ) from None
+
+
+def _load(path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, reference: Any) -> dict[str, Any]:
     state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
     load_weights(accelerator.unwrap_model(model), path)
     optimizer.load_state_dict(torch.load(path / "trainer" / "optimizer.pt", weights_only=False))
@@ -109,6 +165,9 @@ def load_checkpoint(
     rng = path / "trainer" / f"rng-rank{accelerator.process_index}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
+    else:  # saved by fewer processes than resume it: this one starts from its seed
+        _warn(f"{rng} is missing (the run had fewer processes): process {accelerator.process_index} "
+              "continues from its seed, not the saved random state", everywhere=True)
     return state
 
 
@@ -204,3 +263,57 @@ def _prune(run: RunDir, keep: int | None) -> None:
         return
     for _, path in run.list_checkpoints()[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# -- failures ----------------------------------------------------------------------------------
+#: What torch's and safetensors' writers say when the OS refuses a write (they drop the errno).
+_WRITE_FAILED = ("unexpected pos", "file write failed", "I/O error", "No space left", "File too large",
+                 "Disk quota", "Read-only file system")
+
+
+def _is_write_failure(err: BaseException) -> bool:
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+    return any(text in str(err) for text in _WRITE_FAILED)
+
+
+def _write_failed(run: RunDir, step: int, tmp: Path, err: BaseException, model: Any) -> UserError:
+    """A UserError for a checkpoint that could not be written: the error, the space one takes
+    (the newest complete one's size, else the weights plus AdamW's two moments) and the space free."""
+    latest = run.latest_checkpoint()
+    if latest is not None:
+        needed = sum(f.stat().st_size for f in latest[1].rglob("*") if f.is_file())
+        size = f"about {_megabytes(needed)} (the size of {latest[1].name})"
+    else:
+        needed = sum(p.numel() * p.element_size() for p in model.parameters()) + 2 * sum(
+            p.numel() * 4 for p in model.parameters() if p.requires_grad)
+        size = f"about {_megabytes(needed)} (weights and optimizer state)"
+    try:
+        room = shutil.disk_usage(run.checkpoints).free
+        free = f"{_megabytes(room)} free there now"
+        if room > 2 * needed:
+            free += " (room enough: a limit stopped the write, e.g. a quota or `ulimit -f`)"
+    except OSError:
+        free = "free space unknown"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if not isinstance(err, OSError):
+        first = f"the write failed ({type(err).__name__}: {first})"
+    resume = f"it resumes from {latest[1].name}" if latest is not None else "it starts again from step 0"
+    return UserError(
+        f"could not write the checkpoint of step {step} to {tmp}: {first}; a checkpoint needs {size}, "
+        f"{free}; the earlier checkpoints and metrics.jsonl are as they were",
+        where="train.output_dir",
+        valid=f"a disk with {size.split(' (')[0]} free per checkpoint kept (train.save_total_limit)",
+        hint=f"free space in {run.root.parent} (or set train.save_total_limit=2, or a train.output_dir on a "
+        f"larger disk), then run the same command again: {resume}",
+    )
+
+
+def _megabytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def _warn(text: str, *, everywhere: bool = False) -> None:
+    """A warning on stderr, from the first process only unless ``everywhere``."""
+    if everywhere or os.environ.get("RANK", "0") == "0":
+        print(f"warning: {text}", file=sys.stderr, flush=True)

@@ -87,6 +87,9 @@ def test_launched_processes_do_not_launch_again(monkeypatch):
 
 
 def test_a_finished_run_fails_once_before_launching(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
     from grpocli.errors import UserError
     from grpocli.trainer.launch import launch
 
@@ -95,6 +98,11 @@ def test_a_finished_run_fails_once_before_launching(tmp_path, monkeypatch):
     run = RunDir(tmp_path / "run")
     (run.checkpoint(3) / "trainer").mkdir(parents=True)
     (run.checkpoint(3) / "trainer" / "state.json").write_text(json.dumps({"step": 3}))
+    # the files resume checks before it trusts a checkpoint (grpocli.rundir.checkpoint_problems)
+    (run.checkpoint(3) / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(run.checkpoint(3) / "model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng-rank0.pt"):
+        torch.save({}, run.checkpoint(3) / "trainer" / name)
     overrides = ["train.num_processes=2", "train.steps=3", f"train.output_dir={run.root}"]
     with pytest.raises(UserError, match="already complete"):  # raised here, not in 2 children
         launch(load_recipe("quickstart", overrides), overrides)

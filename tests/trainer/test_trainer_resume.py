@@ -110,12 +110,19 @@ def test_tmp_checkpoint_is_never_the_latest(tmp_path):
 
 
 def test_a_finished_run_is_not_trained_again(tmp_path):
+    from safetensors.torch import save_file
+
     from grpocli.errors import UserError
     from grpocli.trainer.checkpoint import resume_point
 
     run = RunDir(tmp_path)
     (run.checkpoint(4) / "trainer").mkdir(parents=True)
     (run.checkpoint(4) / "trainer" / "state.json").write_text(json.dumps({"step": 4}))
+    # the files resume checks before it trusts a checkpoint (grpocli.rundir.checkpoint_problems)
+    (run.checkpoint(4) / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(run.checkpoint(4) / "model.safetensors"))
+    for name in ("optimizer.pt", "scheduler.pt", "rng-rank0.pt"):
+        torch.save({}, run.checkpoint(4) / "trainer" / name)
     assert resume_point(run, "auto", 6) == (4, run.checkpoint(4))
     with pytest.raises(UserError, match="already complete"):
         resume_point(run, "auto", 4)
