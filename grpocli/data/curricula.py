@@ -32,6 +32,10 @@ from typing import Any
 import grpocli
 from grpocli.errors import UserError
 
+#: What the trainer passes every curriculum; any other keyword is a ``train.curriculum_args`` key,
+#: and those a curriculum does not name (or declare with ``@grpocli.recipe_args``) are refused.
+CURRICULUM_KEYWORDS = ("prompts", "completions", "rewards", "metas", "state", "batch_size", "next_rows")
+
 
 def replay_unsolved(
     *,

@@ -7,9 +7,13 @@ see datasets' "data_files" pattern resolution).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpocli.data.defects import check_load_args, check_text, explain
 from grpocli.errors import UserError
 
 if TYPE_CHECKING:
@@ -42,23 +46,61 @@ def load_local(split: str, seed: int, *, path: str, **load_args: Any) -> dataset
             valid=", ".join(sorted(BUILDERS)),
             hint="convert it with datasets: Dataset.from_...(...).to_json('data.jsonl')",
         )
-    return datasets.load_dataset(builder, data_files=str(file), split="train", **load_args)
+    check_load_args(builder, load_args, file)
+    check_text(file, load_args)
+    try:
+        with _reader_logs_quiet():
+            dataset = datasets.load_dataset(builder, data_files=str(file), split="train", **load_args)
+    except Exception as exc:  # noqa: BLE001 (the reader's failure, any type: named with the file)
+        raise explain([file], exc, load_args) from None
+    if len(dataset) == 0 and builder == "csv":  # a header and no rows, where datasets allows it
+        raise explain([file], ValueError("the file has no rows"), load_args)
+    return dataset
 
 
 def _load_directory(directory: Path, split: str, load_args: dict[str, Any]) -> datasets.Dataset:
     import datasets
 
+    check_load_args(None, load_args, directory)
+    files = _data_files(directory)
+    for file in files:
+        check_text(file, load_args)
     try:
-        return datasets.load_dataset(str(directory), split=split, **load_args)
+        with _reader_logs_quiet():
+            return datasets.load_dataset(str(directory), split=split, **load_args)
     except ValueError as exc:
         if "split" not in str(exc).lower():
-            raise
+            raise explain(files, exc, load_args) from None
         raise UserError(
             f"directory {str(directory)!r} has no split {split!r} ({exc})",
             where="data.split",
             valid=_nearby(directory / "x"),
             hint="name the files after their splits (train.jsonl, test.jsonl) or set data.split",
         ) from None
+    except Exception as exc:  # noqa: BLE001 (the reader's failure on one of the files)
+        raise explain(files, exc, load_args) from None
+
+
+def _data_files(directory: Path) -> list[Path]:
+    """The data files under ``directory``: `datasets` builds every split of it at once, so a
+    defect in any of them stops the load of each."""
+    return sorted(
+        p for p in directory.rglob("*")
+        if p.suffix.lower() in BUILDERS and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+
+
+@contextlib.contextmanager
+def _reader_logs_quiet() -> Iterator[None]:
+    """`datasets`' JSON reader logs each failure before raising it; the UserError says it once."""
+    logger = logging.getLogger("datasets.packaged_modules.json.json")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _nearby(missing: Path) -> str:

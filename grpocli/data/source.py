@@ -56,7 +56,7 @@ def resolve(data: DataSection, registry: Registry) -> tuple[Entry, dict[str, Any
     """The loader entry for ``data.dataset`` and the keyword arguments it gets."""
     name = data.dataset
     if name not in registry:
-        if Path(name).suffix.lower() in BUILDERS or Path(name).expanduser().exists():
+        if Path(name).suffix.lower() in BUILDERS or looks_local(name):
             return registry.get("local", where="data.dataset"), {"path": name, **data.args}
         if "/" in name:
             return registry.get("hub", where="data.dataset"), {"id": name, **data.args}
@@ -70,6 +70,18 @@ def resolve(data: DataSection, registry: Registry) -> tuple[Entry, dict[str, Any
             "like openai/gsm8k",
             hint=exc.hint,
         ) from None
+
+
+def looks_local(name: str) -> bool:
+    """An existing path, or a name no hub id can be: absolute, starting with . or ~, or with
+    more than one "/" (hub ids are "owner/name"). Such a path that does not exist is named as a
+    missing file, not looked up on the hub."""
+    return (
+        Path(name).expanduser().exists()
+        or name.startswith((".", "~", "/", "\\"))
+        or Path(name).is_absolute()
+        or name.count("/") > 1
+    )
 
 
 def _check_args(entry: Entry, args: dict[str, Any]) -> None:

@@ -120,8 +120,13 @@ def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The recipe file's tables; an unreadable, non-UTF-8, invalid or empty file is a UserError."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the recipe: {exc.strerror}", where=str(path)) from None
+    try:
+        values = tomllib.loads(_decode_utf8(raw, path))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(
             f"this is not valid TOML: {exc}",
@@ -129,8 +134,35 @@ def _read_toml(path: Path) -> dict[str, Any]:
             valid="TOML tables [section] with key = value lines; strings in quotes",
             hint=f"fix the line named above, then `grpo inspect recipe {path}` to check it",
         ) from None
-    except OSError as exc:
-        raise UserError(f"cannot read the recipe: {exc.strerror}", where=str(path)) from None
+    if not values:
+        raise UserError(
+            "the recipe file sets nothing (it is empty or holds only comments); a run from it would "
+            "train the built-in defaults, which is rarely what was meant",
+            where=str(path),
+            valid="a recipe with at least one [section]; to run the defaults on purpose, a file "
+            "holding just the line [train]",
+            hint="check that this is the file you meant (an editor that did not save, a truncated "
+            "copy), or start from a built-in recipe: `grpo inspect recipes`",
+        )
+    return values
+
+
+def _decode_utf8(raw: bytes, path: Path) -> str:
+    """``raw`` as text; a byte that is not UTF-8 is named by offset, line and column (TOML is UTF-8)."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")  # a BOM, as Windows editors write
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise UserError(
+            f"the recipe is not UTF-8 text: byte 0x{bad} at offset {exc.start} (line {line}, "
+            f"column {column}) cannot be decoded",
+            where=f"{path}:{line}",
+            valid="TOML files are UTF-8 (the TOML specification); ASCII is UTF-8 too",
+            hint=f"re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 {path} > fixed.toml`), "
+            f"or fix line {line}",
+        ) from None
 
 
 def _env_values() -> dict[str, Any]:

@@ -86,3 +86,22 @@ def test_inspect_fields_and_recipe_show_sources(grpo):
     assert "argument train.steps=3" in out.stdout and "default" in out.stdout
     fields = grpo("inspect", "fields", "algorithm", env={"COLUMNS": "200"})
     assert fields.returncode == 0 and "epsilon_high" in fields.stdout
+
+
+def test_recipe_file_bytes_empty_files_and_output_dir(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf[train]\nsteps = 3\n")  # a BOM, as Windows editors write
+    assert load_recipe(str(recipe)).recipe.train.steps == 3
+    recipe.write_bytes(b"[train]\n\n# na\xefve\xff\n")
+    with pytest.raises(UserError) as err:
+        load_recipe(str(recipe))
+    assert err.value.where == f"{recipe}:3" and "byte 0xef at offset 13 (line 3, column 5)" in err.value.what
+    for text in ("", "\n# only a comment\n"):
+        recipe.write_text(text)
+        with pytest.raises(UserError, match="sets nothing"):
+            load_recipe(str(recipe))
+    recipe.write_text("[train]\n")
+    assert load_recipe(str(recipe)).recipe.train.steps == Recipe().train.steps
+    for value in ("''", "'  '"):
+        with pytest.raises(UserError, match="output_dir is empty"):
+            load_recipe("quickstart", [f"train.output_dir={value}"])
