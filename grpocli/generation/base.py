@@ -58,6 +58,11 @@ class GenerationBackend(Protocol):
         """Sample n completions for each prompt string (already chat-templated)."""
         ...
 
+    def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
+        """Sample n completions for each prompt given as token ids (multi-turn rollouts; the 'hf'
+        and 'vllm' backends have it)."""
+        ...
+
     def sync_weights(self, model: Any) -> None:
         """Make the backend sample from `model`'s current weights."""
         ...

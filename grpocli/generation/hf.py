@@ -34,9 +34,12 @@ class HFBackend(PromptEncoder):
     def close(self) -> None:
         pass
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        prompt_ids = self.encode_prompts(prompts)
+        return self.generate_ids(self.encode_prompts(prompts), n, sampling)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
+        """n completions of each prompt given as token ids (multi-turn rollouts continue from them)."""
         eos = _eos_ids(self.tokenizer, self.model)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         per_call = max(1, self.batch_size // n)  # prompts per generate call

@@ -39,15 +39,28 @@ VLLM_ENV = {
 }
 
 
-def prepare_vllm_environment(*, kv_cache_gb: float = 1.0, in_process: bool = True) -> None:
-    """Set vLLM's environment before ``import vllm`` (later changes are not seen)."""
+def prepare_vllm_environment(*, kv_cache_gb: float = 1.0, in_process: bool = True,
+                             threads: int | None = None) -> None:
+    """Set vLLM's environment before ``import vllm`` (later changes are not seen).
+
+    On CPU, vLLM binds its OpenMP threads to cores and then ignores ``torch.set_num_threads`` in
+    this process, training included: ``threads`` (train.torch_threads) picks that many of the
+    cores this process may run on (its affinity mask, so ``taskset`` is respected); None takes
+    them all (vLLM's own default leaves one core idle).
+    """
     for key, value in VLLM_ENV.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
     if in_process:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # vLLM's default leaves one core idle
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{max((os.cpu_count() or 1) - 1, 0)}"
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(threads)
+
+
+def cpu_binding(threads: int | None) -> str:
+    """vLLM's core list ("0,1") for ``threads`` cores of this process's affinity mask (all for None)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return ",".join(map(str, cores[:threads] if threads else cores))
 
 
 def import_vllm(where: str = "generation.backend") -> Any:
@@ -111,8 +124,9 @@ class VllmEngine:
         self.spec: dict[str, TensorSpec] = checkpoint_spec(model_dir, self.dtype)
 
     def generate(self, prompts: list[list[int]] | list[str], n: int, sampling: Sampling,
-                 *, logprobs: bool = True, seed: int | None = None) -> Generated:
-        """n completions per prompt (token ids or strings), prompt-major, with log-probs."""
+                 *, logprobs: bool = True, seed: int | list[int] | None = None) -> Generated:
+        """n completions per prompt (token ids or strings), prompt-major, with log-probs; ``seed``: one
+        for every prompt or one per prompt."""
         outputs = self.raw(prompts, n, sampling, logprobs=0 if logprobs else None, seed=seed)
         done = [c for o in outputs for c in o.outputs]   # [B*G] prompt-major
         return Generated(
@@ -123,7 +137,7 @@ class VllmEngine:
         )
 
     def raw(self, prompts: list[list[int]] | list[str] | list[list[dict]], n: int, sampling: Sampling, *,
-            logprobs: int | None = 0, seed: int | None = None, chat: bool = False) -> list[Any]:
+            logprobs: int | None = 0, seed: int | list[int] | None = None, chat: bool = False) -> list[Any]:
         """vLLM's RequestOutputs, n per prompt (for greedy: the prompt repeated n times, n = 1 each)."""
         from vllm import SamplingParams
 
@@ -132,12 +146,17 @@ class VllmEngine:
             n=1 if greedy else n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
             top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
             repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop) or None,
-            logprobs=logprobs, seed=seed,
+            logprobs=logprobs, seed=seed if not isinstance(seed, list) else None,
         )
         inputs: list[Any] = list(prompts) if chat else [
             p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        if isinstance(seed, list):  # one SamplingParams per prompt, each with its own seed
+            params = [params.clone() for _ in seed]
+            for p, s in zip(params, seed, strict=True):
+                p.seed = s
         if greedy:  # vLLM takes n = 1 only for greedy decoding: repeat the prompts instead
             inputs = [p for p in inputs for _ in range(n)]
+            params = [p for p in params for _ in range(n)] if isinstance(params, list) else params
         if chat:
             return self.llm.chat(inputs, params, use_tqdm=False)
         return self.llm.generate(inputs, params, use_tqdm=False)
@@ -191,10 +210,13 @@ class VllmColocateBackend(PromptEncoder):
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
                  vllm_section: Any, dtype: str = "auto", seed: int = 0) -> None:
+        import torch
+
         from grpocli.models import save_model
 
         v = vllm_section
-        prepare_vllm_environment(kv_cache_gb=v.kv_cache_gb, in_process=True)
+        # the session has applied train.torch_threads (or torch's default) to this process
+        prepare_vllm_environment(kv_cache_gb=v.kv_cache_gb, in_process=True, threads=torch.get_num_threads())
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -212,6 +234,10 @@ class VllmColocateBackend(PromptEncoder):
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         return self.engine.generate(self.encode_prompts(prompts), n, sampling)
+
+    def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
+        """n completions of each prompt given as token ids (multi-turn rollouts continue from them)."""
+        return self.engine.generate(prompt_ids, n, sampling)
 
     def sync_weights(self, model: Any) -> None:
         t0 = time.perf_counter()

@@ -3,7 +3,7 @@
 What it shows: a summary (model, dataset, rewards, steps, checkpoints, rollouts), notes, the
 saved evaluations, a table of the key metrics with sparklines, the alerts (grpocli.inspection.alerts)
 and a metrics.png (grpocli.inspection.plot); with ``--rollouts STEP``, that step's best and worst
-rollouts instead.
+rollouts instead (a multi-turn rollout as its conversation, grpocli.inspection.conversation).
 
 Reads the run directory (grpocli.rundir) as far as it goes: a torn last line of metrics.jsonl
 (a crash, or a run still writing) is left out with a note, and a run that stopped or may still
@@ -31,7 +31,8 @@ from rich.text import Text
 from grpocli.errors import UserError
 from grpocli.inspection import plot
 from grpocli.inspection.alerts import RULES, scan
-from grpocli.rundir import RunDir, read_jsonl
+from grpocli.inspection.conversation import conversation_text
+from grpocli.rundir import RunDir, checkpoint_problems, read_jsonl_lines
 
 SPARKS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 16
@@ -50,30 +51,20 @@ class MetricsFile:
 
     history: list[dict[str, Any]] = field(default_factory=list)  # one dict per step, by step
     torn: bool = False         # the last line is incomplete
+    last_line: int = 0         # its number
     bad_lines: list[int] = field(default_factory=list)  # line numbers (1-based) that are not JSON
 
 
 def read_metrics(path: Path) -> MetricsFile:
-    """Every complete line, merged by step; a torn last line or a bad line is noted, not fatal."""
+    """Every complete line, merged by step; a torn last line or a bad line (not JSON, not UTF-8)
+    is noted, not fatal."""
     out = MetricsFile()
-    if not path.exists():
-        return out
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
+    found = read_jsonl_lines(path)
     by_step: dict[Any, dict[str, Any]] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) and not text.endswith("\n"):
-                out.torn = True
-            else:
-                out.bad_lines.append(number)
-            continue
-        if isinstance(row, dict):
-            by_step.setdefault(row.get("step", f"line {number}"), {}).update(row)
+    for number, row in enumerate(found.rows, start=1):
+        by_step.setdefault(row.get("step", f"row {number}"), {}).update(row)
+    out.torn, out.last_line = found.torn, (found.skipped[-1] if found.torn else 0)
+    out.bad_lines = found.skipped[:-1] if found.torn else list(found.skipped)
     out.history = sorted(by_step.values(), key=lambda m: m.get("step") if isinstance(m.get("step"), int) else 0)
     return out
 
@@ -141,8 +132,8 @@ def eval_table(run: RunDir) -> Table | None:
     rows = []
     for path in sorted((run.root / "eval").glob("*/summary.json")):
         try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            summary = json.loads(path.read_bytes())
+        except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             continue
         rows.append((path.parent.name, summary.get("metrics") or {}))
     if not rows:
@@ -171,15 +162,22 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
             hint=f"grpo inspect {run.root} --rollouts {available[-1]}" if available
             else "train with log.rollouts_every=N",
         )
-    rows = read_jsonl(path)
+    found = read_jsonl_lines(path)
+    rows = found.rows
     if not rows:
         raise UserError(f"{path} holds no complete rollout yet", where="--rollouts",
                         hint="the run may still be writing it; try again")
+    if found.skipped:
+        console.print(f"[yellow]note:[/yellow] {escape(_lines(found.skipped))} of {escape(str(path))} "
+                      "cannot be read (not UTF-8 JSON); skipped")
     ranked = sorted(rows, key=lambda r: _num(r.get("reward")), reverse=True)
     kept = sum(bool(r.get("kept", True)) for r in rows)
     console.rule(f"rollouts of step {step}: {len(rows)} completions, {kept} in the loss")
     picks = [("best", ranked[:n])] + ([("worst", ranked[-n:][::-1])] if len(ranked) > n else [])
     for kind, chosen in picks:
+        if any("conversation" in r for r in chosen):  # multi-turn: too long for a table's column
+            _show_conversations(kind, chosen, console)
+            continue
         table = Table(title=f"{kind} {len(chosen)}", show_lines=True)
         table.add_column("reward", justify="right")
         table.add_column("rewards")
@@ -190,14 +188,31 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
             table.add_column("columns", max_width=30, overflow="fold")
         table.add_column("completion", overflow="fold")
         for r in chosen:
-            parts = ", ".join(f"{k} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items())
-            flags = (" (truncated)" if r.get("truncated") else "") + ("" if r.get("kept", True) else " (dropped)")
-            cells = [_fmt(r.get("reward")), Text(parts + flags), _fmt(r.get("advantage")),
+            cells = [_fmt(r.get("reward")), Text(_reward_parts(r)), _fmt(r.get("advantage")),
                      Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80))]
             if columns:
                 cells.append(Text(_columns(r.get("columns"))))
             table.add_row(*cells, Text(str(r.get("completion", ""))))
         console.print(table)
+
+
+def _show_conversations(kind: str, chosen: list[dict[str, Any]], console: Console) -> None:
+    """Multi-turn rollouts, one block each: a rule with the rewards, the prompt's end and columns,
+    then the conversation turn by turn at the console's full width."""
+    console.print(Text(f"{kind} {len(chosen)}", style="bold"))
+    for k, r in enumerate(chosen, start=1):
+        console.rule(Text(f"{kind} {k}: reward {_fmt(r.get('reward'))}, advantage {_fmt(r.get('advantage'))}"
+                          f"; {_reward_parts(r)}"), align="left")
+        console.print(Text("prompt (end): " + _tail(" ".join(str(r.get("prompt", "")).split()), 80), style="dim"))
+        if r.get("columns"):
+            console.print(Text(_columns(r.get("columns")), style="dim"))
+        console.print(conversation_text(r.get("conversation")))
+
+
+def _reward_parts(r: dict[str, Any]) -> str:
+    """Each reward's value, and whether the rollout was truncated or dropped from the loss."""
+    parts = ", ".join(f"{k} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items())
+    return parts + (" (truncated)" if r.get("truncated") else "") + ("" if r.get("kept", True) else " (dropped)")
 
 
 # -- pieces ---------------------------------------------------------------------------------
@@ -224,7 +239,7 @@ def _open_run(path: str) -> RunDir:
 def _read_config(run: RunDir) -> dict[str, Any]:
     try:
         return tomllib.loads(run.config.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, ValueError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         return {}
 
 
@@ -235,7 +250,8 @@ def _summary(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[
     rewards = escape(", ".join(str(r.get("name", "?")) for r in config.get("rewards", [])) or "?")
     logged = metrics.history[-1].get("step", len(metrics.history)) if metrics.history else 0
     seconds = timed_seconds(metrics.history)
-    checkpoints = ", ".join(p.name for _, p in run.list_checkpoints()) or "none"
+    checkpoints = ", ".join(p.name + (" (damaged)" if checkpoint_problems(p, resume=False) else "")
+                            for _, p in run.list_checkpoints()) or "none"
     rollouts = ", ".join(map(str, sorted(_rollout_steps(run)))) or "none"
     return [
         f"model [bold]{model}[/bold]  dataset [bold]{data}[/bold]  rewards [bold]{rewards}[/bold]",
@@ -261,10 +277,10 @@ def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[st
     if not metrics.history:
         notes.append("metrics.jsonl is missing or empty: no step has finished yet")
     if metrics.torn:
-        notes.append("the last line of metrics.jsonl is incomplete (the run is writing it, or stopped "
-                     "mid-write); it is left out")
+        notes.append(f"the last line of metrics.jsonl is incomplete (line {metrics.last_line}: the run is "
+                     "writing it, or stopped mid-write); it is left out")
     if metrics.bad_lines:
-        notes.append(f"lines {', '.join(map(str, metrics.bad_lines[:5]))} of metrics.jsonl are not JSON; skipped")
+        notes.append(f"{_lines(metrics.bad_lines)} of metrics.jsonl cannot be read (not UTF-8 JSON); skipped")
     planned = config.get("train", {}).get("steps")
     logged = metrics.history[-1].get("step", 0) if metrics.history else 0
     if planned and isinstance(logged, int) and logged < planned:
@@ -273,10 +289,12 @@ def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[st
             notes.append(f"the run is at step {logged} of {planned} and wrote metrics {age:.0f} s ago: "
                          "it may still be going; this is what it has written so far")
         else:
-            latest = run.latest_checkpoint()
+            latest = run.newest_intact(resume=True)[0]
             resume = (f"; resume from step-{latest[0]} with `grpo train` and the same train.output_dir"
                       if latest else "")
             notes.append(f"the run stopped at step {logged} of {planned}{resume}")
+    for damaged in run.newest_intact(resume=False)[1]:
+        notes.append(f"checkpoint {damaged.render()}; resume and `grpo eval` skip it")
     return notes
 
 
@@ -317,6 +335,12 @@ def _rollout_steps(run: RunDir) -> list[int]:
         if tail.isdigit():
             steps.append(int(tail))
     return steps
+
+
+def _lines(numbers: list[int]) -> str:
+    """'line 7' or 'lines 3, 9, ...' (the first five)."""
+    shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+    return f"line {shown}" if len(numbers) == 1 else f"lines {shown}"
 
 
 def _num(v: Any) -> float:

@@ -84,7 +84,7 @@ def show_plugins() -> None:
         text = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in registered.items())
         table.add_row(info.name, info.distribution, info.version, text or "-")
     console.print(table)
-    for attr in ("rewards", "datasets", "curricula"):
+    for attr in ("rewards", "datasets", "curricula", "tools", "environments"):
         names = Table(title=attr, title_justify="left")
         names.add_column("name", style="bold")
         names.add_column("plugin")

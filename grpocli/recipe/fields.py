@@ -16,8 +16,8 @@ def describe(model: type[BaseModel] = Recipe, prefix: str = "") -> list[dict[str
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         sub = _submodel(field.annotation)
-        if sub is not None:  # a section, or the list of [[rewards]] tables
-            rows.extend(describe(sub, key + ("[]." if name == "rewards" else ".")))
+        if sub is not None:  # a section, or a list of [[rewards]] / [[tools]] tables
+            rows.extend(describe(sub, key + ("[]." if name in ("rewards", "tools") else ".")))
             continue
         rows.append({"key": key, "type": _type(field), "default": _default(field),
                      "description": field.description or ""})

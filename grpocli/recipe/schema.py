@@ -1,19 +1,21 @@
 """The recipe schema: every option of a run, declared once with its type, bounds and description.
 
 Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
-Imports only its sibling modules (section.py, algorithm_section.py, eval_section.py).
+Imports only its sibling modules (section.py, algorithm_section.py, eval_section.py,
+tools_section.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpocli.recipe.algorithm_section import AlgorithmSection
 from grpocli.recipe.eval_section import EvalSection
 from grpocli.recipe.section import Section
+from grpocli.recipe.tools_section import MultiTurnSection, ToolSpec
 
 
 class TinyModel(Section):
@@ -124,7 +126,17 @@ class RewardSpec(Section):
     on_error: Literal["raise", "none"] = Field(
         "raise",
         description="If the function raises: stop the run naming the reward and row ('raise'), "
-        "or score the batch None and count it ('none').",
+        "or score the batch None and count it ('none'). A call past `timeout`, or one that calls "
+        "sys.exit(), counts as raising.",
+    )
+    timeout: float = Field(
+        300.0, ge=0, le=86400,
+        description="Seconds one call of this reward (on a whole batch) may take before it counts as "
+        "raising (see on_error); 0 = no limit, the call then runs in the calling thread. The default "
+        "of 5 minutes leaves room for a reward model forward pass over a large batch on CPU or for "
+        "running tests of hundreds of code completions, and still turns a reward that hangs (a "
+        "network call without a timeout, a lock, input()) into an error instead of a run that waits "
+        "forever. Built-in math.accuracy bounds itself (math-verify's per-answer limit) and ignores it.",
     )
     batch_size: int | None = Field(
         None, ge=1,
@@ -138,12 +150,23 @@ class RewardSpec(Section):
 
 
 class GenerationSection(Section):
-    backend: Literal["hf", "vllm", "vllm-server"] = Field(
+    backend: Literal["hf", "vllm", "vllm-server", "auto"] = Field(
         "hf",
         description="'hf': transformers generate; 'vllm': an engine in the training process; "
-        "'vllm-server': a `grpo vllm-serve` process.",
+        "'vllm-server': a `grpo vllm-serve` process; 'auto': 'vllm' where vLLM is installed, else "
+        "'hf' (decided when the recipe loads; config.resolved.toml records which).",
     )
     num_generations: int = Field(8, ge=2, le=1024, description="Completions per prompt (G).")
+
+    @field_validator("backend")
+    @classmethod
+    def _auto_backend(cls, value: str) -> str:
+        """'auto' -> 'vllm' when the vllm package is installed (found, not imported), else 'hf'."""
+        if value != "auto":
+            return value
+        import importlib.util
+
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     max_completion_length: int = Field(64, ge=1, le=131072, description="Longest completion in tokens.")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
@@ -203,6 +226,18 @@ class TrainSection(Section):
     )
     curriculum: str | None = Field(None, description="A registered curriculum that picks the next prompts.")
     curriculum_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the curriculum.")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_named(cls, value: str) -> str:
+        # An empty output_dir would put config, metrics, rollouts and checkpoints in the current
+        # directory, mixed with whatever is there; "." says that on purpose.
+        if not value.strip():
+            raise ValueError(
+                "output_dir is empty, which would write the run into the current directory; "
+                "valid: a directory such as 'runs/{recipe}' (the default), or '.' on purpose"
+            )
+        return value
 
 
 class LogSection(Section):
@@ -298,6 +333,12 @@ class Recipe(BaseSettings):
     vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine and server.")
     eval: EvalSection = Field(
         default_factory=EvalSection, description="Evaluation: `grpo eval` and every N training steps."
+    )
+    tools: list[ToolSpec] = Field(
+        default_factory=list, description="Tools the model may call (multi-turn rollouts; see [multi_turn])."
+    )
+    multi_turn: MultiTurnSection = Field(
+        default_factory=MultiTurnSection, description="Multi-turn rollouts: turns, tool timeouts, environment."
     )
 
     @classmethod

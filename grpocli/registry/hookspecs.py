@@ -14,7 +14,7 @@ passes an implementation only the arguments it declares, so an implementation ma
 any subset of its hook's arguments (``def register_rewards(): ...`` is valid), and a hook may
 gain arguments in a later grpo without breaking the plugins written before. An implementation
 that declares an argument its hook does not have is refused when the plugin loads.
-Built-in rewards, datasets and curricula register through these same hooks.
+Built-in rewards, datasets, curricula, tools and environments register through these same hooks.
 """
 
 from __future__ import annotations
@@ -71,4 +71,39 @@ def register_curricula(register: Register) -> None:
     state=...)`` where ``metas`` are the dataset rows of the prompts and ``state`` a dict the
     function may keep between calls; it returns the rows (dicts with a ``prompt``) to
     generate from next, or None to go on with the dataset's order.
+    """
+
+
+@hookspec
+def register_tools(register: Register) -> None:
+    """Register tools a recipe can list under ``[[tools]] name = "..."``.
+
+    A tool is a plain typed Python function with a Google-style docstring (a summary line and
+    an ``Args:`` entry per parameter), as TRL's ``tools=`` takes them::
+
+        def calculator(expression: str) -> str:
+            \"\"\"Evaluate an arithmetic expression.
+
+            Args:
+                expression: The expression, e.g. "12 * (3 + 4)".
+            \"\"\"
+
+    Its JSON schema (``transformers.utils.get_json_schema``) goes to the chat template; the
+    model's calls arrive as keyword arguments; what it returns is turned into the tool message
+    with ``str``. An exception or a call past ``multi_turn.tool_timeout`` becomes an error
+    message to the model. Calls of one turn run concurrently, in threads.
+    """
+
+
+@hookspec
+def register_environments(register: Register) -> None:
+    """Register environments a recipe names as ``multi_turn.environment = "..."``.
+
+    An environment is a class (or factory) called with ``[multi_turn] environment_args``; one
+    instance per rollout. As TRL's ``environment_factory``: its public methods are tools (typed,
+    with docstrings, as for ``register_tools``), ``reset(**row)`` (optional) starts it on the
+    rollout's dataset row and may return text appended to the prompt, and ``get_reward()``
+    (optional) is what the built-in reward ``environment.reward`` returns when a recipe lists it
+    (TRL adds it by itself; grpo scores only the rewards a recipe names). Reward functions receive
+    the instances as the ``environments`` keyword, one per completion.
     """

@@ -23,8 +23,10 @@ from grpocli.registry import hookspecs
 from grpocli.registry.names import Registry
 
 GROUP = "grpo"
-BUILTIN_PLUGINS = ("grpocli.rewards.builtin", "grpocli.data.builtin", "grpocli.data.curricula")
-KINDS = {"rewards": "reward", "datasets": "dataset", "curricula": "curriculum"}
+BUILTIN_PLUGINS = ("grpocli.rewards.builtin", "grpocli.data.builtin", "grpocli.data.curricula",
+                   "grpocli.tools.builtin")
+KINDS = {"rewards": "reward", "datasets": "dataset", "curricula": "curriculum", "tools": "tool",
+         "environments": "environment"}
 
 
 @dataclass
@@ -44,6 +46,8 @@ class Plugins:
     rewards: Registry = field(default_factory=lambda: Registry("reward"))
     datasets: Registry = field(default_factory=lambda: Registry("dataset"))
     curricula: Registry = field(default_factory=lambda: Registry("curriculum"))
+    tools: Registry = field(default_factory=lambda: Registry("tool"))
+    environments: Registry = field(default_factory=lambda: Registry("environment"))
     loaded: list[PluginInfo] = field(default_factory=list)
 
     def registered_by(self, plugin: str) -> dict[str, list[str]]:

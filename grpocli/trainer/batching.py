@@ -79,7 +79,7 @@ def select_sequences(rollouts: Rollouts, *, mask_truncated: bool = False, trunca
                 out.idle.append(i)
         elif skip_zero_advantage and float(rollouts.advantages[i]) == 0.0:
             out.idle.append(i)
-            out.idle_tokens += len(rollouts.completion_ids[i])
+            out.idle_tokens += rollouts.loss_tokens(i)
         else:
             out.computed.append(i)
     return out
@@ -137,9 +137,21 @@ def _micro_batch(rollouts: Rollouts, seqs: list[Sequence], rows: list[int], layo
     return MicroBatch(
         input_ids=laid.input_ids, position_ids=laid.position_ids, attention_mask=laid.attention_mask,
         logit_index=laid.logit_index, labels=laid.labels, token_index=laid.token_index,
-        loss_mask=laid.loss_mask, advantages=rollouts.advantages[index].float(), index=index,
+        loss_mask=_model_tokens(rollouts, rows, laid.loss_mask), advantages=rollouts.advantages[index].float(), index=index,
         sequence_tokens=sum(len(p) + len(c) for _, p, c in seqs),
     )
+
+
+def _model_tokens(rollouts: Rollouts, rows: list[int], loss_mask: torch.Tensor) -> torch.Tensor:
+    """The loss mask `[n, T]` without the tool turns of multi-turn completions (their tokens are
+    context, not the model's actions: no loss, no gradient); unchanged for single-turn ones."""
+    if rollouts.completion_mask is None:
+        return loss_mask
+    own = torch.zeros_like(loss_mask)
+    for row, i in enumerate(rows):
+        mask = rollouts.completion_mask[i][: own.shape[1]]
+        own[row, : len(mask)] = torch.tensor(mask, dtype=own.dtype)
+    return loss_mask * own
 
 
 def optimizer_batches(accelerator: Any, rollouts: Rollouts, recipe: Any, settings: Any,

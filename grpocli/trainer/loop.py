@@ -1,7 +1,8 @@
 """The GRPO training loop, one generation cycle at a time, read top to bottom:
 
     1. prompts        the stream (or the curriculum) gives B prompts, split over processes
-    2. generate       G completions per prompt from the backend
+    2. generate       G completions per prompt from the backend (multi-turn recipes: the turn
+                      loop of grpocli.tools.turns, tools run between the model's turns)
     3. rewards        every reward function, weighted
     4. advantages     group-relative, over all processes; groups without reward spread marked
     5. slices         steps_per_generation optimizer batches of micro-batches, with the old /
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +39,7 @@ from grpocli.trainer.metrics import (
     group_metrics,
     length_metrics,
     logged_metrics,
+    model_lengths,
     reward_summary,
     write_rollouts,
 )
@@ -47,6 +49,9 @@ from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Rollouts
 from grpocli.trainer.session import Session, TrainingStopped
 from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
+
+if TYPE_CHECKING:
+    from grpocli.tools.turns import TurnStats
 
 
 def train(resolved: Resolved) -> None:
@@ -128,32 +133,43 @@ class Loop:
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
             seconds["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
             info["generation/staleness"] = s.state.step - generated_at
-            rollouts = self.sample(rows, seconds, generated)
+            rollouts, turns = self.sample(rows, seconds, generated)
         else:
-            rollouts = self.sample(s.next_rows(n_prompts), seconds)                  # 1-3. [B*G]
+            rollouts, turns = self.sample(s.next_rows(n_prompts), seconds)           # 1-3. [B*G]
+        counts = [turns]
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
             parts = [rollouts]
             for _ in range(r.algorithm.max_fill_rounds):
                 have = sum(int((~self.flat_groups(p)).sum()) for p in parts)
                 if fewest(s.accelerator, have) >= rollouts.num_prompts:
                     break
-                parts.append(self.sample(s.next_rows(n_prompts), seconds))
+                part, turns = self.sample(s.next_rows(n_prompts), seconds)
+                parts.append(part)
+                counts.append(turns)
             rollouts = self.keep_informative(parts, rollouts.num_prompts)
             info["fill_rounds"] = len(parts) - 1
         rollouts = self.advantages(rollouts)                                          # 4.
         s.after_generation(rollouts)
-        completion_tokens = total(s.accelerator, float(rollouts.completion_lengths().sum()))
+        completion_tokens = total(s.accelerator, float(model_lengths(rollouts).sum()))  # the model's, as TRL
         prompt_tokens = total(s.accelerator, sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
         info.update(logged_metrics(s.accelerator, rollouts.logged_metrics))  # rewards' log_metric
+        info.update(self.turn_metrics(counts))                                # tools/..., multi_turn/...
         return Batch(rollouts, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
-    def sample(self, rows: list[dict], seconds: dict[str, float], generated: Any = None) -> Rollouts:
-        """Generate G completions for each row (unless given) and score them; add the time taken."""
+    def sample(self, rows: list[dict], seconds: dict[str, float],
+               generated: Any = None) -> tuple[Rollouts, TurnStats | None]:
+        """Generate G completions for each row (unless given) and score them; add the time taken.
+        Multi-turn recipes: the counts of the rollouts' turns and tool calls too (else None)."""
         s, r = self.s, self.s.recipe
+        conversations = None
         if generated is None:
             t0 = time.perf_counter()
-            generated = s.backend.generate([row["prompt_text"] for row in rows], r.generation.num_generations,
-                                           self.sampling)                             # [B*G]
+            if s.turns is not None:  # multi-turn: the whole batch advances turn by turn
+                conversations = s.turns.sample(s.backend, rows, r.generation.num_generations, self.sampling)
+                generated = conversations.generated                                   # [B*G]
+            else:
+                generated = s.backend.generate([row["prompt_text"] for row in rows], r.generation.num_generations,
+                                               self.sampling)                         # [B*G]
             seconds["time/generation"] += time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
@@ -161,10 +177,25 @@ class Loop:
             truncated=torch.tensor(generated.truncated, dtype=torch.bool),
             group_size=r.generation.num_generations, engine_logprobs=generated.logprobs,
         )
+        if conversations is not None:
+            rollouts.completion_mask, rollouts.conversations = conversations.completion_mask, conversations.messages
+            rollouts.environments = conversations.environments
         t0 = time.perf_counter()
         rollouts = self.score(rollouts)
         seconds["time/rewards"] += time.perf_counter() - t0
-        return rollouts
+        return rollouts, conversations.stats if conversations is not None else None
+
+    def turn_metrics(self, counts: list[TurnStats | None]) -> dict[str, float]:
+        """tools/* and multi_turn/* over every rollout sampled for the batch (fill_batch rounds
+        included), summed over processes; {} for single-turn recipes."""
+        s = self.s
+        if s.turns is None:
+            return {}
+        summed = s.turns.new_stats()  # every tool named, so that each process logs the same keys
+        for c in counts:
+            if c is not None:
+                summed.add(c)
+        return summed.metrics(lambda count: total(s.accelerator, count))
 
     @staticmethod
     def flat_groups(rollouts: Rollouts) -> torch.Tensor:
@@ -183,9 +214,12 @@ class Loop:
         column = r.data.prompt_column
         state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
                               num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
+        columns = rollouts.columns(exclude=(column, "prompt_text"))
+        if rollouts.environments is not None:  # TRL's `environments` keyword
+            columns["environments"] = rollouts.environments
         scores = score(
-            s.reward_fns, rollouts.prompts(column), rollouts.completions,
-            rollouts.columns(exclude=(column, "prompt_text")), r.algorithm.reward_combination,
+            s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(),
+            columns, r.algorithm.reward_combination,
             completion_ids=rollouts.completion_ids, state=state,
         )
         total_reward = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]

@@ -11,35 +11,65 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any
 
 import torch
 
 from grpocli.rewards import Scores, reward_metrics
-from grpocli.rundir import RunDir, read_jsonl
+from grpocli.rundir import RunDir, read_jsonl_lines
 from grpocli.trainer.collectives import gather_floats, gather_rows
 from grpocli.trainer.rollouts import Rollouts
 
 
 class MetricsLog:
-    """Appends one JSON line per step (main process only), flushed so a crash loses at most one."""
+    """Appends one JSON line per step (main process only), flushed so a crash loses at most one.
+
+    On resume the file is rewritten with the lines up to the checkpoint's step; lines that cannot
+    be read (a torn or non-UTF-8 tail left by SIGKILL or a full disk) are dropped with a warning.
+    """
 
     def __init__(self, run: RunDir, *, resume_step: int) -> None:
         self.path = run.metrics
         run.root.mkdir(parents=True, exist_ok=True)
-        kept = [m for m in read_jsonl(self.path) if m.get("step", 0) <= resume_step]
+        found = read_jsonl_lines(self.path)
+        if found.skipped:
+            lines = ", ".join(map(str, found.skipped[:5])) + (" ..." if len(found.skipped) > 5 else "")
+            what = "a torn last line" if found.torn and len(found.skipped) == 1 else f"lines {lines}"
+            print(f"warning: {self.path}: dropping {what} (not UTF-8 JSON: a write cut short by a crash "
+                  f"or a full disk); the other lines are kept", file=sys.stderr, flush=True)
+        kept = [m for m in found.rows if _step(m) <= resume_step]
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(m) + "\n" for m in kept), encoding="utf-8")
+        try:
+            tmp.write_text("".join(json.dumps(m) + "\n" for m in kept), encoding="utf-8")
+        except OSError as err:  # a full disk: metrics.jsonl itself is untouched
+            tmp.unlink(missing_ok=True)
+            raise OSError(err.errno, err.strerror, str(tmp)) from err
         os.replace(tmp, self.path)  # steps after the checkpoint we resume from are redone
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._failed = False
 
     def write(self, metrics: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self._file.write(json.dumps(clean) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(clean) + "\n")
+            self._file.flush()
+        except OSError as err:  # a full disk: name the file (a file object's errors do not)
+            self._failed = True
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as err:  # flushing what a failed write left in the buffer fails again
+            if not self._failed:  # ... and that first error is the one on its way out
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
+
+
+def _step(row: dict[str, Any]) -> float:
+    """A line's step (0 when it has none; an unreadable one sorts after every checkpoint)."""
+    step = row.get("step", 0)
+    return step if isinstance(step, (int, float)) else math.inf
 
 
 def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any, *,
@@ -66,13 +96,18 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any,
         "columns": columns[i // g],
         **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in rollouts.extra.items()}}
            if rollouts.extra else {}),
+        **({"conversation": rollouts.conversations[i]} if rollouts.conversations is not None else {}),
     } for i, completion in enumerate(rollouts.completions)]
     rows = gather_rows(accelerator, rows)
     if not accelerator.is_main_process:
         return
     run.rollouts.mkdir(parents=True, exist_ok=True)
     tmp = run.rollout_file(step).with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    try:
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    except OSError as err:  # a full disk: name the file, leave no partial one
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, err.strerror, str(tmp)) from err
     os.replace(tmp, run.rollout_file(step))
 
 
@@ -128,14 +163,25 @@ def group_metrics(accelerator: Any, part: Rollouts, drop_flat: bool) -> dict[str
 
 
 def length_metrics(accelerator: Any, part: Rollouts) -> dict[str, float]:
-    """TRL's completions/* metrics over every process."""
-    lengths = gather_floats(accelerator, part.completion_lengths())            # [W*B*G]
+    """TRL's completions/* metrics over every process. A multi-turn completion's length is the
+    model's own tokens, as TRL counts it (tool turns are not the model's); its whole length, tool
+    turns included (what generation.max_completion_length bounds), is completions/mean_total_length."""
+    lengths = gather_floats(accelerator, model_lengths(part))                   # [W*B*G]
     truncated = gather_floats(accelerator, part.truncated.float()) > 0          # [W*B*G]
     terminated = lengths[~truncated]
-    return {
+    out = {
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(truncated.float().mean()),
         "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else 0.0,
     }
+    if part.completion_mask is not None:  # multi-turn: model and tool tokens together
+        out["completions/mean_total_length"] = float(gather_floats(accelerator, part.completion_lengths()).mean())
+    return out
+
+
+def model_lengths(part: Rollouts) -> torch.Tensor:
+    """Each completion's tokens written by the model ([B*G]): all of a single-turn one's, a
+    multi-turn one's without its tool turns."""
+    return torch.tensor([part.loss_tokens(i) for i in range(len(part.completion_ids))], dtype=torch.float32)

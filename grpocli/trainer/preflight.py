@@ -16,6 +16,7 @@ class Checked:
     reward_fns: list
     curriculum: Any
     dataset: Any = None  # the training split (datasets.Dataset)
+    toolbox: Any = None  # grpocli.tools.toolbox.Toolbox of a multi-turn recipe, else None
 
 
 def preflight(recipe: Recipe) -> Checked:
@@ -25,18 +26,85 @@ def preflight(recipe: Recipe) -> Checked:
     from grpocli.models import check_model
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
+    from grpocli.tools.toolbox import open_toolbox
 
     _check_combinations(recipe)
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now
     plugins = load_plugins()
     reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)
     resolve_dataset(recipe.data, plugins.datasets)
-    curriculum = None
-    if recipe.train.curriculum:
-        curriculum = plugins.curricula.get(recipe.train.curriculum, where="train.curriculum").fn
+    curriculum = _curriculum(recipe, plugins)
+    toolbox = open_toolbox(recipe, plugins)  # multi-turn: tools and environment named, schemas built
     dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
-    _check_reward_signatures(reward_fns, recipe, list(dataset.column_names))
-    return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset)
+    _check_eval_split(recipe, plugins)
+    env_column = ["environments"] if recipe.multi_turn.environment else []  # TRL's keyword, per rollout
+    _check_reward_signatures(reward_fns, recipe, list(dataset.column_names) + env_column)
+    return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset, toolbox=toolbox)
+
+
+def _check_eval_split(recipe: Recipe, plugins: Any) -> None:
+    """With eval.every, the held-out split of a local dataset loads now: a missing or broken
+    test file would otherwise stop the run at its first evaluation, after the model loaded."""
+    from grpocli.data.source import load_dataset_for, resolve
+
+    split = recipe.eval.split_for(recipe.data.eval_split)
+    if not recipe.eval.every or split == recipe.data.split:
+        return
+    if resolve(recipe.data, plugins.datasets)[0].name == "local":
+        load_dataset_for(recipe.data, plugins.datasets, split, recipe.train.seed)
+
+
+def _curriculum(recipe: Recipe, plugins: Any) -> Any:
+    """The curriculum function, its args checked; None without train.curriculum."""
+    t = recipe.train
+    if not t.curriculum:
+        if t.curriculum_args:
+            raise UserError(
+                "train.curriculum_args are set but no train.curriculum uses them",
+                where="train.curriculum_args",
+                valid="curriculum_args together with train.curriculum (`grpo inspect plugins` "
+                "lists the curricula)",
+                hint="set train.curriculum, or clear the args with train.curriculum_args={}",
+            )
+        return None
+    entry = plugins.curricula.get(t.curriculum, where="train.curriculum")
+    _check_curriculum_args(entry, t.curriculum_args)
+    return entry.fn
+
+
+def _check_curriculum_args(entry: Any, args: dict[str, Any]) -> None:
+    """Refuse train.curriculum_args the curriculum does not take, as unknown reward args are: a
+    misspelt ``threshold`` would otherwise run with the default. A curriculum that reads args
+    through ``**kwargs`` declares them with ``@grpocli.recipe_args("name", ...)``."""
+    import inspect
+
+    from grpocli.data.curricula import CURRICULUM_KEYWORDS
+    from grpocli.errors import did_you_mean
+    from grpocli.rewards.arguments import accepted_args
+
+    accepted = accepted_args(entry.fn) - set(CURRICULUM_KEYWORDS)
+    source = f"curriculum {entry.name!r} (plugin {entry.plugin}, {entry.distribution})"
+    for key in args:
+        if key not in accepted:
+            raise UserError(
+                f"{source} takes no argument {key!r}{did_you_mean(key, accepted)}",
+                where=f"train.curriculum_args.{key}",
+                valid=", ".join(sorted(accepted)) or "(this curriculum takes no args)",
+                hint="fix the arg's name, or leave it out; `grpo inspect plugins` describes each "
+                "curriculum",
+            )
+    try:
+        params = inspect.signature(entry.fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to check
+        return
+    for p in params:
+        if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and p.name not in CURRICULUM_KEYWORDS and p.name not in args):
+            raise UserError(
+                f"{source} needs train.curriculum_args.{p.name}",
+                where="train.curriculum_args",
+                valid=", ".join(sorted(accepted)),
+            )
 
 
 def _check_reward_signatures(reward_fns: list, recipe: Recipe, column_names: list[str]) -> None:

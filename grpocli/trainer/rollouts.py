@@ -19,6 +19,10 @@ class Rollouts:
     truncated: torch.Tensor             # [B*G] bool: no EOS within max_completion_length
     group_size: int
     engine_logprobs: list[list[float]] | None = None  # [B*G][Tc] from the generation engine
+    # multi-turn rollouts (grpocli.tools.turns); None for single-turn ones
+    completion_mask: list[list[int]] | None = None    # [B*G][Tc] 1 on the model's tokens, 0 on tool turns
+    conversations: list[list[dict[str, Any]]] | None = None  # [B*G] messages after the prompt
+    environments: list[Any] | None = None            # [B*G] one environment per rollout
     # filled by scoring
     rewards: torch.Tensor | None = None             # [B*G] total reward
     per_reward: dict[str, list[float | None]] = field(default_factory=dict)
@@ -51,6 +55,15 @@ class Rollouts:
     def completion_lengths(self) -> torch.Tensor:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)  # [B*G]
 
+    def loss_tokens(self, i: int) -> int:
+        """Tokens of completion i that can enter the loss: all of them, or the model's own (multi-turn)."""
+        return len(self.completion_ids[i]) if self.completion_mask is None else sum(self.completion_mask[i])
+
+    def scored_completions(self) -> list[Any]:
+        """What rewards get as ``completions``: the conversations (message lists) of multi-turn
+        rollouts, else the decoded texts."""
+        return self.conversations if self.conversations is not None else self.completions
+
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
         """Scored Rollouts of the same group size, one after the other."""
@@ -66,6 +79,8 @@ class Rollouts:
             truncated=torch.cat([p.truncated for p in parts]),
             group_size=first.group_size,
             engine_logprobs=[x for p in parts for x in p.engine_logprobs] if first.engine_logprobs else None,
+            completion_mask=_joined(parts, "completion_mask"), conversations=_joined(parts, "conversations"),
+            environments=_joined(parts, "environments"),
             rewards=torch.cat([p.rewards for p in parts]),
             per_reward={k: [x for p in parts for x in p.per_reward[k]] for k in names},
             reward_errors={k: sum(p.reward_errors.get(k, 0) for p in parts) for k in names
@@ -88,6 +103,8 @@ class Rollouts:
             truncated=self.truncated[pick],
             group_size=g,
             engine_logprobs=[self.engine_logprobs[i] for i in idx] if self.engine_logprobs else None,
+            completion_mask=_picked(self.completion_mask, idx), conversations=_picked(self.conversations, idx),
+            environments=_picked(self.environments, idx),
             rewards=self.rewards[pick] if self.rewards is not None else None,
             per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()},
             reward_errors=dict(self.reward_errors),
@@ -97,3 +114,14 @@ class Rollouts:
             flat=self.flat[torch.tensor(groups, dtype=torch.long)] if self.flat is not None else None,
             keep=self.keep[pick] if self.keep is not None else None,
         )
+
+
+def _joined(parts: list[Rollouts], name: str) -> list[Any] | None:
+    """A per-completion list field of every part, one after the other (None where the first has none)."""
+    if getattr(parts[0], name) is None:
+        return None
+    return [x for p in parts for x in getattr(p, name)]
+
+
+def _picked(values: list[Any] | None, idx: list[int]) -> list[Any] | None:
+    return [values[i] for i in idx] if values is not None else None

@@ -45,6 +45,7 @@ class Session:
     curriculum: Any
     progress: Progress
     metrics: MetricsLog | None = None  # main process only
+    turns: Any = None       # grpocli.tools.turns.TurnLoop for multi-turn recipes (tools, environment)
     state: RunState = field(default_factory=RunState)
     watch: Watch = field(default_factory=Watch)
 
@@ -88,6 +89,10 @@ class Session:
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=checked.curriculum,
                 progress=Progress(r.log.progress, r.train.steps, accelerator.is_main_process))
+        if checked.toolbox is not None:
+            from grpocli.tools.turns import TurnLoop
+
+            s.turns = TurnLoop(checked.toolbox, tokenizer, r)
         s._start(resume_from)
         return s
 

@@ -1,0 +1,103 @@
+"""A turn's tool calls, run concurrently with a per-call timeout; failures become messages.
+
+Each rollout's calls run in order in a thread of their own (an environment sees its calls one
+at a time, as the model wrote them); the rollouts' threads run at once. A call that raises
+becomes ``Error: <type>: <message>``; one that runs past the timeout becomes a timeout message
+and its thread is abandoned (a daemon: it can neither hold up the step nor the process exit),
+together with the calls after it in that rollout. Nothing a tool does stops the step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from grpocli.tools.parsers import ToolCall
+
+
+@dataclass
+class Outcome:
+    """The result of one call as the model will read it, and how it went."""
+
+    content: str
+    error: bool = False      # raised, unknown tool, bad arguments, unparsed call, or timed out
+    timed_out: bool = False
+
+
+class _Worker:
+    """One rollout's calls, run in order in a daemon thread."""
+
+    def __init__(self, calls: list[ToolCall], functions: dict[str, Callable[..., Any]],
+                 done: threading.Condition) -> None:
+        self.calls, self.functions, self.done = calls, functions, done
+        self.outcomes: list[Outcome | None] = [None] * len(calls)
+        self.started_at: float | None = None  # start of the call running now
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._run, daemon=True, name="grpo-tool")
+
+    def _run(self) -> None:
+        for k, call in enumerate(self.calls):
+            with self.done:
+                if self.abandoned:
+                    return
+                self.started_at = time.monotonic()
+            outcome = run_call(call, self.functions)
+            with self.done:
+                if self.abandoned:
+                    return
+                self.outcomes[k] = outcome
+                self.started_at = None
+                self.done.notify_all()
+
+    @property
+    def finished(self) -> bool:
+        return self.abandoned or all(o is not None for o in self.outcomes)
+
+
+def run_call(call: ToolCall, functions: dict[str, Callable[..., Any]]) -> Outcome:
+    """One call in this thread: its result as text, or the error as text."""
+    if call.error is not None:
+        return Outcome(f"Error: {call.error}", error=True)
+    fn = functions.get(call.name)
+    if fn is None:
+        return Outcome(f"Error: unknown tool {call.name!r}; the tools are: {', '.join(sorted(functions))}",
+                       error=True)
+    try:
+        result = fn(**call.arguments)
+    except Exception as exc:  # noqa: BLE001 (the tool's own failure: the model reads it, the step goes on)
+        return Outcome(f"Error: {type(exc).__name__}: {exc}", error=True)
+    return Outcome(result if isinstance(result, str) else str(result))
+
+
+def run_turn(calls: list[list[ToolCall]], functions: list[dict[str, Callable[..., Any]]],
+             timeout: float) -> list[list[Outcome]]:
+    """The outcomes of every rollout's calls (`calls[i]` with the tools `functions[i]`), each call
+    bounded by `timeout` seconds from its start; returns within about that per call."""
+    done = threading.Condition()
+    workers = [_Worker(c, f, done) for c, f in zip(calls, functions, strict=True)]
+    for w in workers:
+        w.thread.start()
+    with done:
+        while not all(w.finished for w in workers):
+            now = time.monotonic()
+            for w in workers:
+                if not w.finished and w.started_at is not None and now - w.started_at >= timeout:
+                    _abandon(w, timeout)
+            running = [w.started_at for w in workers if not w.finished and w.started_at is not None]
+            wait = min((s + timeout - now for s in running), default=0.05)
+            done.wait(max(wait, 0.001))
+    return [[o for o in w.outcomes if o is not None] for w in workers]
+
+
+def _abandon(w: _Worker, timeout: float) -> None:
+    """Give up a worker whose current call ran past the timeout (the lock is held)."""
+    k = w.outcomes.index(None)
+    w.outcomes[k] = Outcome(f"Error: the tool {w.calls[k].name!r} did not return within {timeout:g} s "
+                            "(timed out)", error=True, timed_out=True)
+    for j in range(k + 1, len(w.calls)):
+        w.outcomes[j] = Outcome(f"Error: not run: the call before it in this turn timed out ({w.calls[k].name!r})",
+                                error=True)
+    w.abandoned = True

@@ -1,0 +1,221 @@
+"""The turn loop: multi-turn rollouts for a whole batch, token-exact.
+
+    turn 1      every prompt's G rollouts generate at once (backend.generate_ids, n = G)
+    tools       the calls each model turn wrote (TOOL_CALL_PARSERS) run concurrently, each
+                bounded by multi_turn.tool_timeout (grpocli.tools.execution)
+    splice      the tool messages' tokens (the chat template's rendering of that turn alone,
+                grpocli.tools.template.ToolTurns) are appended to the rollout's token ids
+    turn k      every rollout still live generates at once from its prompt + completion so far
+
+A rollout ends when the model answers without a call (a final answer), when its turn ends
+without EOS or the completion budget (generation.max_completion_length: model and tool tokens
+together) runs out (truncated), or after multi_turn.max_turns model turns. The completion is
+the exact token ids the engine produced with the tool turns spliced in as tokens, and a mask
+marks the model's own tokens (1) apart from the tool turns' (0): only the former enter the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from grpocli.errors import UserError
+from grpocli.generation.base import Generated, Sampling
+from grpocli.tools.execution import Outcome, run_turn
+from grpocli.tools.parsers import TOOL_CALL_PARSERS, ToolCall
+from grpocli.tools.template import ToolTurns, render_with_tools
+from grpocli.tools.toolbox import Toolbox
+
+
+@dataclass
+class TurnStats:
+    """Counts over the rollouts of one or more batches (summed over processes for the metrics)."""
+
+    rollouts: int = 0
+    turns: int = 0                 # model turns
+    calls: int = 0                 # tool calls run (errors included)
+    errors: int = 0                # raised, timed out, unknown tool, unreadable call
+    timeouts: int = 0
+    final: int = 0                 # rollouts that ended with an answer without a tool call
+    by_tool: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: TurnStats) -> None:
+        for key in ("rollouts", "turns", "calls", "errors", "timeouts", "final"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for name, count in other.by_tool.items():
+            self.by_tool[name] = self.by_tool.get(name, 0) + count
+
+    def metrics(self, reduce: Callable[[float], float] = float) -> dict[str, float]:
+        """metrics.jsonl keys; `reduce` sums a count over processes. TRL's names where it has them
+        (tools/call_frequency: calls per rollout, tools/failure_frequency: failed share of calls)."""
+        n, calls = max(reduce(self.rollouts), 1.0), reduce(self.calls)
+        errors = reduce(self.errors)
+        out = {
+            "multi_turn/turns_per_rollout": reduce(self.turns) / n,
+            "multi_turn/final_answer_ratio": reduce(self.final) / n,
+            "tools/call_frequency": calls / n,
+            "tools/failure_frequency": errors / calls if calls else 0.0,
+            "tools/errors": errors,
+            "tools/timeouts": reduce(self.timeouts),
+        }
+        out.update({f"tools/calls_per_rollout/{name}": reduce(c) / n for name, c in sorted(self.by_tool.items())})
+        return out
+
+
+@dataclass
+class Conversations:
+    """A batch of multi-turn rollouts: `Generated` with the tool turns spliced in, and beside it."""
+
+    generated: Generated                 # completion_ids [B*G][Tc]: model and tool tokens
+    completion_mask: list[list[int]]     # [B*G][Tc] 1 on the model's tokens, 0 on tool turns
+    messages: list[list[dict[str, Any]]]  # [B*G] the conversation after the prompt, turn by turn
+    environments: list[Any] | None       # [B*G] one environment per rollout, or None
+    stats: TurnStats
+
+
+@dataclass
+class _Rollout:
+    """One rollout in the making."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)  # this turn's calls, still to run
+    done: bool = False
+    truncated: bool = False
+
+
+class TurnLoop:
+    """Samples multi-turn rollouts with a backend that generates from token ids."""
+
+    def __init__(self, toolbox: Toolbox, tokenizer: Any, recipe: Any) -> None:
+        self.toolbox, self.tokenizer = toolbox, tokenizer
+        self.section, self.data = recipe.multi_turn, recipe.data
+        self.max_prompt_length = recipe.data.max_prompt_length
+        self.budget = recipe.generation.max_completion_length
+        self.parse, self.strip = TOOL_CALL_PARSERS[self.section.tool_parser]
+        self.tool_turns = ToolTurns(tokenizer)
+
+    def new_stats(self) -> TurnStats:
+        """Empty counts with every tool named, so that each process logs the same keys."""
+        return TurnStats(by_tool=dict.fromkeys(self.toolbox.tool_names, 0))
+
+    def sample(self, backend: Any, rows: list[dict[str, Any]], n: int, sampling: Sampling) -> Conversations:
+        """n multi-turn rollouts of each row, prompt-major, every live rollout generating at once."""
+        envs = [self.toolbox.new_environment() for _ in range(len(rows) * n)]
+        prompt_ids = self.prompts(rows, envs, n)
+        state = [_Rollout() for _ in envs]
+        stats = TurnStats(rollouts=len(state))
+        live, contexts, count = list(range(len(state))), prompt_ids, n
+        with_logprobs = False
+        for turn in range(1, self.section.max_turns + 1):
+            room = max(self.budget - len(state[i].ids) for i in live)
+            out = backend.generate_ids(contexts, count, replace(sampling, max_tokens=room))
+            with_logprobs = out.logprobs is not None
+            for k, i in enumerate(live):
+                lp = out.logprobs[k] if with_logprobs else None
+                self.take_turn(state[i], out.completion_ids[k], lp, out.truncated[k], turn)
+            stats.turns += len(live)
+            pending = [i for i in live if state[i].calls]
+            if not pending:
+                break
+            outcomes = run_turn([state[i].calls for i in pending], [self.toolbox.functions(envs[i]) for i in pending],
+                                self.section.tool_timeout)
+            for i, done in zip(pending, outcomes, strict=True):
+                self.take_results(state[i], done, stats)
+            live = [i for i in pending if not state[i].done]
+            if not live:
+                break
+            contexts, count = [prompt_ids[i // n] + state[i].ids for i in live], 1
+        stats.final = sum(1 for r in state if r.messages and r.done and not r.truncated
+                          and "tool_calls" not in r.messages[-1])
+        generated = Generated(prompt_ids=prompt_ids, completion_ids=[r.ids for r in state],
+                              truncated=[r.truncated for r in state],
+                              logprobs=[r.logprobs for r in state] if with_logprobs else None)
+        return Conversations(generated, [r.mask for r in state], [r.messages for r in state],
+                             envs if self.toolbox.environment is not None else None, stats)
+
+    # -- prompts -------------------------------------------------------------------------
+    def prompts(self, rows: list[dict[str, Any]], envs: list[Any], n: int) -> list[list[int]]:
+        """Each row's prompt ids: its messages (plus what its environments' reset returned) in the
+        chat template with the tools, left-truncated to data.max_prompt_length."""
+        from grpocli.data.template import build_messages
+
+        texts = []
+        for b, row in enumerate(rows):
+            messages = build_messages(row, self.data)
+            seen = {_reset(env, row) for env in envs[b * n : (b + 1) * n]}
+            if len(seen) > 1:
+                raise UserError(
+                    "the environment's reset() returned different text for rollouts of one prompt: GRPO compares "
+                    "the completions of one prompt, so they must start from the same one",
+                    where="multi_turn.environment", valid="reset(**row) whose return value depends on the row only",
+                    hint="draw the environment's randomness from a dataset column (e.g. a seed column)",
+                )
+            observation = seen.pop()
+            if observation:
+                messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
+            texts.append(render_with_tools(messages, self.tokenizer, self.toolbox.schemas))
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [row[-self.max_prompt_length :] for row in ids]
+
+    # -- one turn ------------------------------------------------------------------------
+    def take_turn(self, r: _Rollout, ids: list[int], logprobs: list[float] | None, no_eos: bool, turn: int) -> None:
+        """Append a model turn (cut to the budget) and read its tool calls."""
+        room = self.budget - len(r.ids)
+        cut = len(ids) > room
+        ids = ids[:room]
+        r.ids += ids
+        r.mask += [1] * len(ids)
+        r.logprobs += list(logprobs[: len(ids)]) if logprobs is not None else []
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        calls = self.parse(text)
+        message: dict[str, Any] = {"role": "assistant", "content": self.strip(text) if calls else text}
+        if calls:
+            message["tool_calls"] = [c.message() for c in calls]
+        r.messages.append(message)
+        if no_eos or cut:
+            r.done = r.truncated = True   # the turn did not end: its calls are not run
+        elif not calls or turn == self.section.max_turns or ids[-1] != self.tokenizer.eos_token_id:
+            r.done = True                 # an answer; the last turn; or a stop token after which
+                                          # the template's tool turn cannot follow (<|endoftext|>)
+        else:
+            limit = self.section.max_tool_calls
+            r.calls = calls[:limit] + [ToolCall(c.name, error=f"more than {limit} tool calls in one turn; "
+                                                f"this one was not run") for c in calls[limit:]]
+
+    def take_results(self, r: _Rollout, outcomes: list[Outcome], stats: TurnStats) -> None:
+        """Count the calls, then splice their results in as a tool turn (if the budget has room)."""
+        known = set(self.toolbox.tool_names)
+        for call, outcome in zip(r.calls, outcomes, strict=True):
+            stats.calls += 1
+            stats.errors += outcome.error
+            stats.timeouts += outcome.timed_out
+            if call.name in known:
+                stats.by_tool[call.name] = stats.by_tool.get(call.name, 0) + 1
+        messages = [{"role": "tool", "name": c.name, "content": o.content} for c, o in zip(r.calls, outcomes)]
+        r.calls = []
+        ids = self.tool_turns.ids(messages)
+        if len(r.ids) + len(ids) >= self.budget:  # no room left for the model to answer
+            r.done = r.truncated = True
+            return
+        r.messages += messages
+        r.ids += ids
+        r.mask += [0] * len(ids)
+        r.logprobs += [0.0] * len(ids)
+
+
+def _reset(env: Any, row: dict[str, Any]) -> str:
+    """Start an environment on a dataset row (TRL's reset(**row)); the text it returns, or ''."""
+    if env is None or not callable(getattr(env, "reset", None)):
+        return ""
+    columns = {k: v for k, v in row.items() if k != "prompt_text"}
+    try:
+        observation = env.reset(**columns)
+    except Exception as exc:  # noqa: BLE001 (the user's reset: named in the error)
+        raise UserError(f"the environment's reset() raised {type(exc).__name__}: {exc}",
+                        where="multi_turn.environment", valid="reset(**row) taking the dataset's columns "
+                        "as keyword arguments (or **kwargs)", hint="fix reset(), or check the dataset's columns") from None
+    return "" if observation is None else str(observation)
