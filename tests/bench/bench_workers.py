@@ -19,11 +19,12 @@ Phases are timed the same way on both sides by wrapping the framework's own func
     optimizer       accelerator.clip_grad_norm_ + torch.optim.AdamW.step (both)
     weight_sync     grpo: backend.sync_weights      TRL: none (transformers generation, same model)
     other           the rest of the step (rewards, advantages, batching, logging, ...)
-A step ends when AdamW.step returns; step 1 (warm-up) is reported apart from the median.
+A step ends when TRL's AdamW.step returns, and when grpo records it (a grpo step whose groups all lack
+reward spread skips the update); step 1 (warm-up) is reported apart from the median.
 
 Run through bench_vs_trl.py; by hand:
     python tests/bench/bench_workers.py grpo --model tiny --threads 1 --steps 8
-    .venv-vllm/bin/python tests/bench/bench_workers.py grpo --backend vllm --model tiny --threads 2
+    python tests/bench/bench_workers.py grpo --backend vllm --model smollm2 --threads 1 --length 48 --micro-batch 16 --lr 5e-6
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
-#: Model shapes (Qwen2, vocabulary 104): about 1M and 30M parameters.
+#: Model shapes (Qwen2, vocabulary 104): about 1M and 30M parameters; "smollm2" is the built-in
+#: recipe smollm2_arithmetic (SmolLM2-135M-Instruct from the packaged GGUF, its chat template,
+#: arithmetic prompts and the arithmetic.exact reward) with the bench's B, G, length and micro-batch.
 MODELS = {
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
     "small": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1792),
+    "smollm2": None,
 }
+REAL_RECIPE = "smollm2_arithmetic"
 PHASES = ("generation", "logprobs", "loss_backward", "optimizer", "weight_sync")
 
 
@@ -99,8 +104,10 @@ class PhaseClock:
         self.last = now
 
 
-def time_optimizer(clock: PhaseClock) -> None:
-    """AdamW.step is a phase and the end of a step, for both frameworks."""
+def time_optimizer(clock: PhaseClock, *, ends_step: bool) -> None:
+    """AdamW.step is a phase, for both frameworks, and the end of a step for TRL (grpo ends a step
+    when it records it: an update it skips, a batch whose groups all lack reward spread, is a
+    step that calls no AdamW.step)."""
     import torch
 
     step = torch.optim.AdamW.step
@@ -108,7 +115,8 @@ def time_optimizer(clock: PhaseClock) -> None:
     def timed_step(self, *args, **kwargs):
         with clock.phase("optimizer"):
             out = step(self, *args, **kwargs)
-        clock.end_step()
+        if ends_step:
+            clock.end_step()
         return out
 
     torch.optim.AdamW.step = timed_step
@@ -116,16 +124,23 @@ def time_optimizer(clock: PhaseClock) -> None:
 
 def recipe_overrides(a: argparse.Namespace, out_dir: str) -> list[str]:
     shape = MODELS[a.model]
+    model = ["model.name_or_path=tiny", *(f"model.tiny.{k}={v}" for k, v in shape.items()),
+             "data.dataset=arithmetic", "data.args.num_samples=2000"] if shape else []
     return [
-        "model.name_or_path=tiny", *(f"model.tiny.{k}={v}" for k, v in shape.items()),
-        "data.dataset=arithmetic", "data.args.num_samples=2000",
+        *model, "eval.every=0", "train.save_steps=0", f"train.torch_threads={a.threads}",
         f"generation.num_generations={a.g}", f"generation.max_completion_length={a.length}",
         "algorithm.loss=dapo", "algorithm.beta=0.0", "algorithm.num_iterations=1",
         f"train.prompts_per_step={a.b}", f"train.micro_batch_size={a.micro_batch}",
-        f"train.steps={a.steps}", "train.learning_rate=1e-4", f"train.seed={a.seed}",
+        f"train.steps={a.steps}", f"train.learning_rate={a.lr}", f"train.seed={a.seed}",
         f"train.output_dir={out_dir}", "log.rollouts_every=0", "log.progress=none",
         f"generation.backend={a.backend}", *a.grpo_override,
     ]
+
+
+def eos_ids(model: Any) -> list[int]:
+    """The model's end-of-sequence ids as a list (generation_config holds an int or a list)."""
+    eos = model.generation_config.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
 
 
 def length_reward_fn(target: int) -> Callable[..., list[float]]:
@@ -169,12 +184,13 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
     if a.backend == "vllm":
         bind_vllm_threads(a.threads)
     out = tempfile.mkdtemp(prefix="bench-grpo-")
-    resolved = load_recipe(None, recipe_overrides(a, out))
-    resolved.recipe.rewards[0].args["target"] = a.target  # the default reward is `length`
+    resolved = load_recipe(REAL_RECIPE if a.model == "smollm2" else None, recipe_overrides(a, out))
+    if MODELS[a.model]:
+        resolved.recipe.rewards[0].args["target"] = a.target  # the default reward is `length`
     s = Session.open(resolved)
     model = s.accelerator.unwrap_model(s.model)
     clock.parameters = sum(p.numel() for p in model.parameters())
-    model.generation_config.suppress_tokens = list(model.generation_config.eos_token_id)
+    model.generation_config.suppress_tokens = eos_ids(model)
     if a.backend == "vllm":
         force_vllm_lengths(s.backend.engine)
     generate = s.backend.generate
@@ -189,6 +205,13 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
         return g
 
     s.backend.generate = counted_generate
+    record = loop_module.Loop.record
+
+    def recorded(self, *args, **kwargs):  # the end of a grpo step, skipped update or not
+        record(self, *args, **kwargs)
+        clock.end_step()
+
+    loop_module.Loop.record = recorded
     clock.wrap(s.backend, "sync_weights", "weight_sync")
     clock.wrap(loop_module, "fill_logprobs", "logprobs")
     clock.wrap(step_module, "micro_batch_loss", "loss_backward")
@@ -214,31 +237,40 @@ def run_trl(a: argparse.Namespace, clock: PhaseClock) -> None:
     from grpocli.registry import load_plugins
 
     out = tempfile.mkdtemp(prefix="bench-trl-")
-    r = load_recipe(None, recipe_overrides(a, out)).recipe
-    tok = build_char_tokenizer()
-    model = build_tiny_model(r.model.tiny, tok, r.train.seed)
+    r = load_recipe(REAL_RECIPE if a.model == "smollm2" else None, recipe_overrides(a, out)).recipe
+    if MODELS[a.model]:
+        tok = build_char_tokenizer()
+        model = build_tiny_model(r.model.tiny, tok, r.train.seed)
+        reward = length_reward_fn(a.target)
+    else:  # the same float32 model grpo trains (dequantized from the GGUF file), the recipe's reward
+        from grpocli.models.loader import load_policy, load_tokenizer
+        from grpocli.rewards.builtin import arithmetic_exact as reward
+
+        tok, model = load_tokenizer(r.model), load_policy(r.model, r.train.seed)
     # the prompts grpo trains on, in grpo's order (same rendering, same shuffle)
     rows = load_dataset_for(r.data, load_plugins().datasets, r.data.split, r.train.seed)
     stream = PromptStream(RenderedPrompts(rows, r.data, tok), seed=r.train.seed, shuffle=r.data.shuffle)
-    prompts = [row["prompt_text"] for row in stream.take(a.b * (a.steps + 1))]
-    eos = list(model.generation_config.eos_token_id)
+    rows = stream.take(a.b * (a.steps + 1))
+    prompts = [row["prompt_text"] for row in rows]  # chat template applied, as grpo renders them
+    columns = {"answer": [row["answer"] for row in rows]} if not MODELS[a.model] else {}
+    eos = eos_ids(model)
     clock.parameters = sum(p.numel() for p in model.parameters())
     config = GRPOConfig(
         output_dir=out, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
         logging_steps=1, max_steps=a.steps, seed=r.train.seed, shuffle_dataset=False,
         per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=a.b * a.g // a.micro_batch,
-        num_generations=a.g, max_completion_length=a.length, temperature=1.0, top_p=1.0,
+        num_generations=a.g, max_completion_length=a.length, temperature=r.generation.temperature, top_p=r.generation.top_p,
         generation_kwargs={"suppress_tokens": eos},
         loss_type="dapo", beta=0.0, num_iterations=1, epsilon=0.2, scale_rewards="group",
-        learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, mask_truncated_completions=False, log_completions=False,
         dataloader_num_workers=0,
         # grpo's settings: float32 without autocast, no gradient checkpointing (TRL's defaults
         # are bf16 autocast and checkpointing, several times slower on this CPU; --trl-defaults)
         bf16=a.trl_defaults, gradient_checkpointing=a.trl_defaults,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=[length_reward_fn(a.target)], args=config,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, processing_class=tok,
+                          train_dataset=Dataset.from_dict({"prompt": prompts, **columns}))
     single_turn = trainer._generate_single_turn
 
     def counted_generate(*args, **kwargs):
@@ -268,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     p.add_argument("--target", type=int, default=16, help="length reward target (characters)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (both)")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf",
                    help="grpo's generation.backend (vllm: colocated engine; needs vllm installed)")
     p.add_argument("--trl-defaults", action="store_true", help="TRL's bf16 + gradient checkpointing")
@@ -277,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     torch.set_num_threads(a.threads)
     clock = PhaseClock()
-    time_optimizer(clock)
+    time_optimizer(clock, ends_step=a.framework == "trl")
     (run_grpo if a.framework == "grpo" else run_trl)(a, clock)
     import transformers
 
