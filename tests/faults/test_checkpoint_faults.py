@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from grpocli.trainer.checkpoint import resume_point
 from grpocli.trainer.loop import train
 
 #: The tiny run, 4 steps with a checkpoint every 2: step-2 and step-4.
-RUN = [*FAST, "train.steps=4", "train.save_steps=2", "log.rollouts_every=0"]
+RUN = [*FAST, "train.steps=4", "train.save_steps=2"]  # as conftest.py trained it
 #: `grpo eval` on the tiny model: 2 prompts x 2 samples of 4 tokens.
 EVAL = ["--n", "2", "--k", "1", "--num-prompts", "2", "--max-tokens", "4"]
 EVAL_OVERRIDES = [*TINY_MODEL, "data.args={num_samples=64}"]
@@ -50,25 +49,8 @@ DAMAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A finished 4-step run with checkpoints step-2 and step-4 (trained once per module)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = tmp_path_factory.mktemp("trained") / "run"
-        train(load_recipe("quickstart", [*RUN, f"train.output_dir={out}"]))
-    finally:
-        torch.set_num_threads(before)
-    assert [s for s, _ in RunDir(out).list_checkpoints()] == [2, 4]
-    return out
 
 
-@pytest.fixture
-def run_copy(trained, tmp_path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
-    return copy
 
 
 def _damage(run: Path, step: int, how: str) -> None:

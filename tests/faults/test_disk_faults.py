@@ -10,7 +10,6 @@ import hashlib
 import io
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,28 +27,12 @@ from grpocli.recipe import load_recipe
 from grpocli.rundir import RunDir
 from grpocli.trainer.loop import train
 
-RUN = [*FAST, "train.steps=4", "train.save_steps=2"]
+RUN = [*FAST, "train.steps=4", "train.save_steps=2"]  # as conftest.py trained it
 TORN = b'\xff\xfe\x00{"step": 5, "loss": 0.1'  # what a crash or a full disk leaves at the end
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A finished 4-step run with checkpoints step-2 and step-4 and rollouts of every step."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = tmp_path_factory.mktemp("trained") / "run"
-        train(load_recipe("quickstart", [*RUN, f"train.output_dir={out}"]))
-    finally:
-        torch.set_num_threads(before)
-    return out
 
 
-@pytest.fixture
-def run_copy(trained, tmp_path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
-    return copy
 
 
 def _grpo_limited(max_file_bytes: int, *args: str) -> subprocess.CompletedProcess:
