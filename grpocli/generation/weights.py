@@ -76,6 +76,12 @@ class PolicyWeights:
     out of ``specs()`` and ``unique()``, as ``save_pretrained`` leaves them out of a checkpoint;
     iteration still yields them, because vLLM's CPU backend refreshes a tied lm_head only when it
     is loaded too (a receiver repeats the tensor under its alias).
+
+    An FSDP2 policy (grpocli.trainer.sharding) holds DTensor shards: iteration gathers each whole
+    tensor when it is reached (a collective), so every process must walk the same tensors in the
+    same order: all of them iterate (a colocated engine each), or one sends while the others call
+    `take_part()`. No process holds more than one whole tensor beyond what the receiver keeps
+    (a bucket on its way, the engine's own weights).
     """
 
     def __init__(self, model: Any, peft: bool, dtype: torch.dtype | None) -> None:
@@ -90,7 +96,8 @@ class PolicyWeights:
                     continue
                 name = name.removeprefix("base_model.model.").replace(".base_layer", "")
                 name = name.replace("modules_to_save.default.", "")
-            key = (tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size(),
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: its shard
+            key = (local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size(),
                    tuple(tensor.shape))
             if key in first:
                 self.aliases[name] = first[key]
@@ -99,7 +106,21 @@ class PolicyWeights:
             self.entries.append((name, tensor.detach()))
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gathered now, by every process
+            tensor = tensor.full_tensor()
         return tensor.to(self.dtype) if self.dtype is not None and tensor.is_floating_point() else tensor
+
+    @property
+    def sharded(self) -> bool:
+        return any(hasattr(t, "full_tensor") for _, t in self.entries)
+
+    def take_part(self) -> None:
+        """On the processes that do not send: join the gathers of `unique()` (sharded models; else nothing)."""
+        if not self.sharded:
+            return
+        for name, tensor in self.entries:
+            if name not in self.aliases and hasattr(tensor, "full_tensor"):
+                tensor.full_tensor()  # dropped at once
 
     def specs(self) -> list[TensorSpec]:
         """What a checkpoint of this policy holds (no aliases), in the dtype that is sent."""

@@ -4,6 +4,13 @@ step-N/ holds the model and tokenizer (save_pretrained, usable by `grpo eval` an
 trainer/: optimizer.pt, scheduler.pt, rng-rank{R}.pt, state.json (step, data position, ...) and,
 when the reference model moves (ref_sync_steps > 0), reference.safetensors.
 It is written as step-N.tmp and renamed when every process has finished writing.
+
+Under FSDP2 (grpocli.trainer.sharding) the files are the same, whole: the weights and the
+optimizer state are gathered one tensor at a time on the main process (optimizer.pt then holds
+torch.distributed.checkpoint's full optimizer state dict, keyed by parameter names), and every
+process reads them back and keeps its shard. Resume is exact (the same numbers, re-split); a
+checkpoint loads under any number of processes, and its model directory is a plain
+save_pretrained one for `grpo eval` and vLLM.
 """
 
 from __future__ import annotations
@@ -23,6 +30,13 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.rundir import RunDir, checkpoint_problems
+from grpocli.trainer.sharding import (
+    full_optimizer_state,
+    full_state,
+    is_sharded,
+    load_full_optimizer_state,
+    load_full_state,
+)
 
 #: The moving reference model (algorithm.ref_sync_steps > 0), inside step-N/trainer/.
 REFERENCE = "reference.safetensors"
@@ -67,19 +81,52 @@ def _write(run: RunDir, tmp: Path, *, accelerator: Any, model: Any, tokenizer: A
         (tmp / "trainer").mkdir(parents=True)
     accelerator.wait_for_everyone()
     torch.save(_rng_state(), tmp / "trainer" / f"rng-rank{accelerator.process_index}.pt")
+    unwrapped = accelerator.unwrap_model(model)
+    if is_sharded(unwrapped):  # every process takes part in the gathers; the main one writes
+        _write_sharded(tmp, accelerator.is_main_process, model=unwrapped, optimizer=optimizer, reference=reference)
     if accelerator.is_main_process:
-        _save_model(accelerator.unwrap_model(model), tmp)
-        tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "trainer" / "scheduler.pt")
-        if reference is not None:
-            from safetensors.torch import save_model
+        if not is_sharded(unwrapped):
+            _save_model(unwrapped, tmp)
+            torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
+            if reference is not None:
+                from safetensors.torch import save_model
 
-            save_model(reference, str(tmp / "trainer" / REFERENCE))
+                save_model(reference, str(tmp / "trainer" / REFERENCE))
+        tokenizer.save_pretrained(tmp)
+        torch.save(scheduler.state_dict(), tmp / "trainer" / "scheduler.pt")
         (tmp / "trainer" / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _fsync_tree(tmp)
+
+
+def _write_sharded(tmp: Path, main: bool, *, model: Any, optimizer: Any, reference: Any) -> None:
+    """An FSDP2 policy (and reference) written whole by the main process: gathered a tensor at a time."""
+    weights = full_state(model, keep=main)
+    if main:
+        _save_model(model, tmp, state_dict=weights)
+    del weights
+    optim = full_optimizer_state(model, optimizer)
+    if main:
+        torch.save(optim, tmp / "trainer" / "optimizer.pt")
+    del optim
+    if reference is not None:
+        ref = full_state(reference, keep=main)
+        if main:
+            from safetensors.torch import save_file
+
+            save_file(_untied(ref), str(tmp / "trainer" / REFERENCE))
+
+
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied tensors once (lm_head = embed_tokens): safetensors refuses shared or repeated storage."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in state.items():
+        if t.data_ptr() not in seen:
+            seen[t.data_ptr()] = name
+            out[name] = t.contiguous()
+    return out
 
 
 def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
@@ -154,14 +201,23 @@ def load_checkpoint(
 
 def _load(path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, reference: Any) -> dict[str, Any]:
     state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
-    load_weights(accelerator.unwrap_model(model), path)
-    optimizer.load_state_dict(torch.load(path / "trainer" / "optimizer.pt", weights_only=False))
+    unwrapped = accelerator.unwrap_model(model)
+    optim = torch.load(path / "trainer" / "optimizer.pt", weights_only=False)
+    if is_sharded(unwrapped):  # every process reads the whole files and keeps its shard
+        load_full_state(unwrapped, _read_weights(path))
+        load_full_optimizer_state(unwrapped, optimizer, optim)
+    else:
+        load_weights(unwrapped, path)
+        optimizer.load_state_dict(optim)
     _fast_forward(scheduler, state["step"])
     saved_reference = path / "trainer" / REFERENCE
     if reference is not None and saved_reference.exists():
-        from safetensors.torch import load_model
+        from safetensors.torch import load_file, load_model
 
-        load_model(reference, str(saved_reference))
+        if is_sharded(reference):
+            load_full_state(reference, load_file(saved_reference))
+        else:
+            load_model(reference, str(saved_reference))
     rng = path / "trainer" / f"rng-rank{accelerator.process_index}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
@@ -181,14 +237,22 @@ def load_weights(model: Any, path: Path) -> None:
 
         set_peft_model_state_dict(model, load_file(adapter))
         return
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        state.update(load_file(file))
+    state = _read_weights(path)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"checkpoint {path} does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]}")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a save_pretrained directory's safetensors files."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        state.update(load_file(file))
+    return state
 
 
 def _rng_state() -> dict[str, Any]:
@@ -206,14 +270,14 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_model(model: Any, path: Path) -> None:
+def _save_model(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """save_pretrained without transformers' "Writing model shards" bar in the training output."""
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(path)  # safetensors is the default
+        model.save_pretrained(path, state_dict=state_dict)  # safetensors is the default
     finally:
         if shown:
             hf_logging.enable_progress_bar()

@@ -35,7 +35,7 @@ class Session:
     accelerator: Any
     tokenizer: Any
     model: Any
-    reference: Any          # None when beta = 0
+    reference: Any          # None when beta = 0; a ReferenceClient with algorithm.reference = "server"
     optimizer: Any
     scheduler: Any
     backend: Any
@@ -79,8 +79,7 @@ class Session:
         dataset = checked.dataset
         tokenizer, model, reference = _models(r)
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
-        optimizer, scheduler = _optimizer(r, model)
-        model, optimizer = accelerator.prepare(model, optimizer)
+        model, reference, optimizer, scheduler = _prepare(accelerator, r, model, reference)
         set_seed(r.train.seed + accelerator.process_index)  # each process samples differently
         backend = build_backend(accelerator.unwrap_model(model), tokenizer, r, seed=torch.initial_seed() % 2**31)
         s = cls(resolved=resolved, run=run, accelerator=accelerator, tokenizer=tokenizer, model=model,
@@ -112,8 +111,11 @@ class Session:
             self.run.root.mkdir(parents=True, exist_ok=True)
             # what ran, however it was launched: the processes, and the mixed precision accelerate
             # applied (fp16 on CPU applies none)
+            from grpocli.trainer.sharding import FSDP2, is_sharded
+
             ran = {"num_processes": acc.num_processes,
-                   "mixed_precision": acc.mixed_precision if acc.native_amp else "no"}
+                   "mixed_precision": acc.mixed_precision if acc.native_amp else "no",
+                   "sharding": FSDP2 if is_sharded(acc.unwrap_model(self.model)) else "none"}
             self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
                                        encoding="utf-8")
             self.metrics = MetricsLog(self.run, resume_step=self.state.step)
@@ -186,8 +188,36 @@ def _models(r: Any) -> tuple[Any, Any, Any]:
 
     tokenizer = load_tokenizer(r.model)
     model = load_policy(r.model, r.train.seed)
-    reference = load_reference(r.model, r.train.seed) if r.algorithm.beta > 0 else None
+    reference = None  # beta = 0: no KL term, no reference
+    if r.algorithm.beta > 0 and r.algorithm.reference == "server":  # a grpo ref-serve: no copy here
+        from grpocli.reference.client import ReferenceClient
+
+        reference = ReferenceClient.connect(r.algorithm)
+    elif r.algorithm.beta > 0:
+        reference = load_reference(r.model, r.train.seed)
     return tokenizer, model, reference
+
+
+def _prepare(accelerator: Any, r: Any, model: Any, reference: Any) -> tuple[Any, Any, Any, Any]:
+    """The policy wrapped for data-parallel training (DDP, or FSDP2: grpocli.trainer.sharding), its
+    optimizer and schedule; under FSDP2 an in-process reference model is sharded the same way."""
+    from grpocli.trainer.sharding import FSDP2, mark, shard, sharding_of
+
+    if sharding_of(r, accelerator) != FSDP2:
+        optimizer, scheduler = _optimizer(r, model)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        return model, reference, optimizer, scheduler
+    if accelerator.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
+        optimizer, scheduler = _optimizer(r, model)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        mark(model)
+    else:  # grpo shards: accelerate applies FSDP on GPUs only, and only from its config
+        model = shard(model, accelerator, r.train.mixed_precision)
+        optimizer, scheduler = _optimizer(r, model)  # over the shards
+        optimizer = accelerator.prepare(optimizer)
+    if isinstance(reference, torch.nn.Module):  # not a grpo ref-serve client: that holds no weights here
+        reference = shard(reference, accelerator, r.train.mixed_precision)
+    return model, reference, optimizer, scheduler
 
 
 def _optimizer(r: Any, model: Any) -> tuple[Any, Any]:

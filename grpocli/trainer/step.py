@@ -33,6 +33,7 @@ from grpocli.algorithms import (
 from grpocli.algorithms.logprobs import differentiable_entropy
 from grpocli.trainer.batching import MicroBatch, OptimizerBatch
 from grpocli.trainer.packing import model_attention_mask
+from grpocli.trainer.sharding import even_passes, idle_forward, is_sharded
 
 #: Sums accumulated over micro-batches and processes, turned into TRL's metric names.
 STAT_KEYS = ("tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "loss")
@@ -175,7 +176,7 @@ def optimizer_step(
     )
     # 2. forward + backward per micro-batch; a process with none still joins the gradient sync
     t0 = time.perf_counter()
-    micro_batches = batch.micro_batches or [None]
+    micro_batches = even_passes(model, batch.micro_batches) or [None]  # FSDP2: as many passes everywhere
     for k, mb in enumerate(micro_batches):
         last = k == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):
@@ -189,7 +190,7 @@ def optimizer_step(
     # 3. clip, then step unless the gradient is not finite
     t1 = time.perf_counter()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
-    grad_norm = float(grad_norm)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
     skipped = not math.isfinite(grad_norm)
     if not skipped:
         optimizer.step()
@@ -233,13 +234,18 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 
 
 def _zero_loss(model: Any) -> torch.Tensor:
-    """A loss of 0 that still touches every parameter, so DDP's all-reduce happens."""
+    """A loss of 0 that still touches every parameter, so DDP's all-reduce happens (FSDP2: a pass)."""
+    if is_sharded(model):
+        return idle_forward(model)
     return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
 
 
 @torch.no_grad()
 def fill_logprobs(model: Any, micro_batches: list[MicroBatch], temperature: float, attr: str) -> None:
     """Store the log-probs of a frozen pass (old policy or reference) on each micro-batch."""
-    for mb in micro_batches:
+    for mb in even_passes(model, micro_batches):
+        if mb is None:  # FSDP2: this process has fewer micro-batches than another
+            idle_forward(model)
+            continue
         logp, _ = sequence_logprobs(model, mb, temperature)
         setattr(mb, attr, logp.detach().cpu())

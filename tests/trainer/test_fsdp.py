@@ -1,0 +1,128 @@
+"""FSDP2 (train.sharding = "fsdp2") on 2 CPU processes over gloo, against DDP; DeepSpeed where it can run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_runner import ROOT, run_grpo
+from grpocli.rundir import RunDir
+from tiny_runs import FAST
+
+SETTINGS = [*FAST, "train.steps=3", "train.save_steps=2", "train.num_processes=2", "train.torch_threads=1",
+            "algorithm.beta=0.04"]  # a KL term: the reference model is sharded too
+COMPARED = ("loss", "reward", "reward_std", "grad_norm", "kl", "entropy", "completions/mean_length",
+            "clip_ratio/region_mean", "learning_rate")
+
+
+def _train(out: Path, *extra: str) -> list[dict]:
+    result = run_grpo("train", "quickstart", *SETTINGS, *extra, f"train.output_dir={out}",
+                      env={"OMP_NUM_THREADS": "1"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return RunDir(out).read_metrics()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    return {"ddp": _train(root / "ddp"), "fsdp2": _train(root / "fsdp2", "train.sharding=fsdp2"), "root": root}
+
+
+def _assert_close(a: list[dict], b: list[dict]) -> None:
+    assert [m["step"] for m in a] == [m["step"] for m in b]
+    for x, y in zip(a, b):
+        for key in COMPARED:
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-6), (x["step"], key)
+
+
+@pytest.mark.slow
+def test_fsdp2_metrics_match_ddp(runs):
+    _assert_close(runs["fsdp2"], runs["ddp"])
+    assert [m["step"] for m in runs["fsdp2"]] == [1, 2, 3]
+    assert any(m["grad_norm"] > 0 for m in runs["fsdp2"])  # it trained
+    resolved = (runs["root"] / "fsdp2" / "config.resolved.toml").read_text()
+    assert 'sharding = "fsdp2"' in resolved and "num_processes = 2" in resolved
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_is_whole_and_resume_is_exact(runs):
+    from safetensors.torch import load_file
+
+    run = runs["root"] / "fsdp2"
+    ddp_weights = load_file(runs["root"] / "ddp/checkpoints/step-3/model.safetensors")
+    fsdp_weights = load_file(run / "checkpoints/step-3/model.safetensors")
+    assert set(ddp_weights) == set(fsdp_weights)  # a plain save_pretrained model, whole
+    for name, tensor in ddp_weights.items():
+        assert tensor.shape == fsdp_weights[name].shape
+        assert (tensor - fsdp_weights[name]).abs().max() < 1e-5, name
+    config = json.loads((run / "checkpoints/step-3/config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    # as if killed after step 2's checkpoint: resume under FSDP2 continues like the run in one go
+    crashed = runs["root"] / "crashed"
+    shutil.copytree(run, crashed)
+    shutil.rmtree(crashed / "checkpoints/step-3")
+    resumed = _train(crashed, "train.sharding=fsdp2")
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    for x, y in zip(resumed, runs["fsdp2"]):
+        for key in COMPARED:
+            assert x[key] == y[key], (x["step"], key)  # exact, not merely close
+
+
+@pytest.mark.slow
+def test_weight_sync_gathers_one_tensor_at_a_time():
+    """Neither a colocated sync (every process walks the weights) nor a server sync (the main one
+    sends buckets) holds a second whole copy: peak RSS growth stays below the model's size."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("peak RSS cannot be reset here (/proc/self/clear_refs is Linux only)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           str(ROOT / "tests/trainer/fsdp_sync_memory.py"), "4", "512"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    print(*lines, sep="\n")
+    assert len(lines) == 2
+    for line in lines:
+        whole = line["whole_model_mib"]
+        assert line["every_process"]["peak_growth_mib"] < 0.75 * whole, line
+        assert line["main_sends"]["peak_growth_mib"] < 0.75 * whole, line
+    main = next(line for line in lines if line["rank"] == 0)
+    assert main["main_sends"]["received"] > main["whole_model_mib"] * 2**20 * 0.9  # it did send everything
+
+
+def test_fsdp_version_1_from_accelerate_is_refused(monkeypatch):
+    from grpocli.errors import UserError
+    from grpocli.recipe.schema import Recipe
+    from grpocli.trainer.sharding import sharding_of
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(UserError, match="FSDP version 1"):
+        sharding_of(Recipe(), accelerator=None)
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert sharding_of(Recipe(), accelerator=None) == "fsdp2"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_configs_run_where_deepspeed_can(stage, tmp_path):
+    config = ROOT / f"configs/deepspeed_zero{stage}.yaml"
+    assert f"zero_stage: {stage}" in config.read_text()
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install deepspeed; it needs a CUDA toolkit to build "
+                    "its ops, and accelerate uses DeepSpeed on GPUs only: with --cpu it falls back to DDP)")
+    import torch
+
+    if torch.cuda.device_count() < 1:
+        pytest.skip("accelerate runs DeepSpeed on GPUs only (its CPU launch ignores distributed_type DEEPSPEED)")
+    cmd = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "1",
+           "-m", "grpocli.cli.app", "train", "quickstart", *FAST, f"train.output_dir={tmp_path}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(RunDir(tmp_path).read_metrics()) == 2
