@@ -27,7 +27,8 @@ def vllm_colocated_backend(model: Any, tokenizer: Any, recipe: Any, *, seed: int
 
 
 def vllm_server_backend(model: Any, tokenizer: Any, recipe: Any, *, seed: int) -> Any:
-    """A `grpo vllm-serve` process at vllm.server_url; the model's weights are sent at once."""
+    """The `grpo vllm-serve` process(es) at vllm.server_url (one URL or a fleet); the model's
+    weights are sent to every server at once."""
     from grpocli.generation.vllm_client import VllmServerBackend
 
     return VllmServerBackend(model, tokenizer, vllm_section=recipe.vllm,

@@ -17,12 +17,16 @@ continues exactly: the seeds are drawn from torch's RNG, which the trainer seeds
 seed and process index (as the colocated engine is seeded) and which checkpoints save and resume
 restores, so step N of a resumed run draws what step N of the uninterrupted run drew.
 
+Several servers (``vllm.server_url`` a list) form a fleet: grpocli/generation/fleet.py spreads
+the prompts over them by whole groups and sends the weights to all of them.
+
 Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import time
@@ -47,6 +51,11 @@ from grpocli.generation.weights import (
 
 PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: the server needs fastapi)
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
+
+
+class ServerUnavailable(UserError):
+    """The server did not answer: refused or dropped the connection, timed out, or failed (HTTP 5xx).
+    A fleet may drop such a server (vllm.drop_failed_servers); a 4xx refusal is never dropped."""
 
 
 class ServerClient:
@@ -77,14 +86,14 @@ class ServerClient:
         except urllib.error.HTTPError as exc:
             raise self._refused(path, exc) from None
         except TimeoutError:  # socket.timeout is TimeoutError
-            raise UserError(
+            raise ServerUnavailable(
                 f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
                 where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
                 hint="raise vllm.server_timeout, and look at the server's terminal for errors",
             ) from None
-        except (urllib.error.URLError, ConnectionError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UserError(
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # refused, reset, cut short
+            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}".rstrip(": ")
+            raise ServerUnavailable(
                 f"no grpo vllm-serve answers at {self.url} ({reason})", where="vllm.server_url",
                 valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
             ) from None
@@ -99,8 +108,9 @@ class ServerClient:
                 409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
                      "you train>; if an update failed midway, the next complete one repairs it"}.get(
             exc.code, "look at the server's terminal for the full error")
-        return UserError(f"grpo vllm-serve at {self.url} refused {path}: HTTP {exc.code}: {detail or exc.reason}",
-                         where="vllm.server_url", hint=hint)
+        error = ServerUnavailable if exc.code >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
+        return error(f"grpo vllm-serve at {self.url} refused {path}: HTTP {exc.code}: {detail or exc.reason}",
+                     where="vllm.server_url", hint=hint)
 
     def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
         """Poll /health until the server answers (it may still be starting), then read /info."""
@@ -141,23 +151,38 @@ class ServerClient:
     def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
                        max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
         """Send every tensor in buckets; with check, the server first compares the full spec."""
+        uid = self.begin_update(weights, check=check, transport=transport)
+        try:
+            device = "cuda" if transport == "nccl" else "cpu"
+            for bucket in buckets(weights.unique(), max_bytes):
+                self.send_bucket(uid, pack_bucket(bucket) if transport == "http" else flatten_bucket(bucket, device))
+            return self.end_update(uid)
+        except BaseException:
+            self.abort_update(uid)
+            raise
+
+    def begin_update(self, weights: PolicyWeights, *, check: bool, transport: str) -> str:
+        """Open an update (joining the server's gloo/NCCL group first where needed); its id."""
         if transport != "http" and self.group_backend != transport:
             self.open_group(transport)
-        begin = self.call("POST", "/weights/begin", {
+        return self.call("POST", "/weights/begin", {
             "transport": transport, "aliases": weights.aliases, "timeout": self.timeout,
-            "spec": [s.to_json() for s in weights.specs()] if check else None})
-        uid = begin["update_id"]
-        try:
-            for bucket in buckets(weights.unique(), max_bytes):
-                if transport == "http":
-                    self.call("POST", f"/weights/bucket?update_id={uid}", pack_bucket(bucket))
-                else:
-                    self._broadcast(uid, bucket)
-            return self.call("POST", "/weights/end", {"update_id": uid})
-        except BaseException:
-            with contextlib.suppress(UserError):  # leave the server free for the next update
-                self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
-            raise
+            "spec": [s.to_json() for s in weights.specs()] if check else None})["update_id"]
+
+    def send_bucket(self, uid: str, payload: bytes | tuple[Any, list]) -> None:
+        """One bucket: pack_bucket's bytes over HTTP, or flatten_bucket's (flat, specs) over the group."""
+        if isinstance(payload, bytes):
+            self.call("POST", f"/weights/bucket?update_id={uid}", payload)
+        else:
+            self._broadcast(uid, *payload)
+
+    def end_update(self, uid: str) -> dict[str, Any]:
+        return self.call("POST", "/weights/end", {"update_id": uid})
+
+    def abort_update(self, uid: str) -> None:
+        """Leave the server free for the next update (best effort: it may be gone)."""
+        with contextlib.suppress(UserError):
+            self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
 
     def open_group(self, backend: str) -> None:
         """Join the server's gloo/NCCL group as rank 0 (the sender of every bucket)."""
@@ -177,10 +202,8 @@ class ServerClient:
                             hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http") from None
         self.group_backend = backend
 
-    def _broadcast(self, uid: str, bucket: list) -> None:
-        """Announce a bucket over HTTP while broadcasting it; whichever fails first is reported."""
-        device = "cuda" if self.group_backend == "nccl" else "cpu"
-        flat, specs = flatten_bucket(bucket, device)
+    def _broadcast(self, uid: str, flat: Any, specs: list) -> None:
+        """Announce a flat bucket over HTTP while broadcasting it; whichever fails first is reported."""
         with ThreadPoolExecutor(1) as pool:
             announced = pool.submit(self.call, "POST", "/weights/broadcast",
                                     {"update_id": uid, "tensors": [s.to_json() for s in specs]})
@@ -192,22 +215,33 @@ class ServerClient:
                     raise announced.exception()
                 if time.monotonic() > deadline:
                     self.group, self.group_backend = None, None
-                    raise UserError(f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
-                                    where="vllm.server_timeout", hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http")
+                    raise ServerUnavailable(
+                        f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
+                        where="vllm.server_timeout", hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http")
                 time.sleep(0.002)
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError as exc:  # the peer went away: gloo/NCCL's DistBackendError
+                self.group, self.group_backend = None, None
+                raise ServerUnavailable(f"the weight broadcast to {self.url} failed: {exc}",
+                                        where="vllm.server_url", hint="look at the server's terminal") from None
             announced.result()
 
 
 class VllmServerBackend(PromptEncoder):
-    """GenerationBackend on a `grpo vllm-serve`; the policy's weights are sent when it opens."""
+    """GenerationBackend on one or more `grpo vllm-serve` (vllm.server_url); the policy's weights are
+    sent to every server when it opens."""
 
     def __init__(self, model: Any, tokenizer: Any, *, vllm_section: Any, max_prompt_length: int,
                  transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        from grpocli.generation.fleet import ServerFleet
+
         v = vllm_section
-        self.client = ServerClient(v.server_url, timeout=v.server_timeout,
-                                   api_key=os.environ.get("GRPO_VLLM_API_KEY"))
-        self.info = self.client.wait_until_ready()
+        key = os.environ.get("GRPO_VLLM_API_KEY")
+        self.fleet = ServerFleet([ServerClient(url, timeout=v.server_timeout, api_key=key) for url in v.server_urls],
+                                 drop_failed=v.drop_failed_servers)
+        self.client = self.fleet.clients[0]  # the first server (calls that need only one)
+        self.info = self.fleet.wait_until_ready()
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.dtype = dtype_from_name(self.info["dtype"])
@@ -222,21 +256,32 @@ class VllmServerBackend(PromptEncoder):
         self.sync_weights(model)  # the server may hold other weights than the policy (resume, base model)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        return self.client.generate(self.encode_prompts(prompts), n, sampling, seed=request_seeds(len(prompts)))
+        return self.generate_ids(self.encode_prompts(prompts), n, sampling)
+
+    def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
+        """n completions per prompt; each prompt's seed is drawn here, whichever server samples it."""
+        return self.fleet.generate(prompt_ids, n, sampling, seeds=request_seeds(len(prompt_ids)))
 
     def sync_weights(self, model: Any) -> None:
-        """Main process: send the weights (the spec first, once); everyone: wait for it."""
+        """Main process: send the weights to every server (the spec first, once); everyone: wait for it."""
         state = _partial_state()
         if state is None or state.is_main_process:
             with policy_weights(model, self.dtype) as weights:
-                self.last_sync = self.client.update_weights(weights, check=not self.checked, transport=self.transport,
-                                                            max_bytes=self.bucket_bytes)
+                self.last_sync = self.fleet.update_weights(weights, check=not self.checked, transport=self.transport,
+                                                           max_bytes=self.bucket_bytes)
             self.checked = True
+        else:
+            with policy_weights(model, self.dtype) as weights:
+                weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
         if state is not None and state.num_processes > 1:
             state.wait_for_everyone()
 
+    def metrics(self) -> dict[str, float]:
+        """vllm/servers, vllm/servers_dropped, vllm/prompts_resent with several servers; else {}."""
+        return self.fleet.metrics()
+
     def close(self) -> None:
-        pass  # the server outlives the run; stop it with POST /close or Ctrl-C
+        self.fleet.close()  # the servers outlive the run; stop each with POST /close or Ctrl-C
 
 
 def request_seeds(count: int) -> list[int]:
@@ -266,4 +311,4 @@ def _partial_state() -> Any:
     return PartialState() if PartialState._shared_state else None
 
 
-__all__ = ["ServerClient", "VllmServerBackend", "request_seeds"]
+__all__ = ["ServerClient", "ServerUnavailable", "VllmServerBackend", "request_seeds"]
