@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import evaluate, export, failures, inspect, serve, train
+from grpocli.cli import evaluate, export, failures, inspect, ref_serve, serve, train
 from grpocli.errors import UserError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 )
 train.add_to(app)
 serve.add_to(app)
+ref_serve.add_to(app)
 evaluate.add_to(app)
 export.add_to(app)
 inspect.add_to(app)

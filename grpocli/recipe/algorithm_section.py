@@ -107,6 +107,20 @@ class AlgorithmSection(Section):
     ref_sync_alpha: float = Field(
         1.0, ge=0.0, le=1.0, description="Refresh mix: ref = alpha * policy + (1 - alpha) * ref."
     )
+    reference: Literal["local", "server"] = Field(
+        "local", description="Where the reference model of the KL term (beta > 0) lives: 'local', a copy in "
+        "every training process; 'server', a `grpo ref-serve --model <the policy's starting weights>` at "
+        "reference_url that answers the reference log-probs (and mixes in the policy's weights at each "
+        "ref_sync_steps refresh), so the training processes hold no reference model. Its API key, if any, "
+        "is read from the environment variable GRPO_REF_API_KEY."
+    )
+    reference_url: str = Field(
+        "http://127.0.0.1:8001", min_length=1, description="URL of the `grpo ref-serve` (reference = 'server')."
+    )
+    reference_timeout: float = Field(
+        300.0, gt=0.0, le=86400.0, description="Seconds each call to the reference server may take "
+        "(reference = 'server'), and that a starting server is waited for; past it training stops with an error."
+    )
     mask_truncated_completions: bool = Field(
         False, description="Leave completions cut at max_completion_length out of the loss (DAPO)."
     )

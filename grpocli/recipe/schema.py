@@ -219,6 +219,14 @@ class TrainSection(Section):
         1, ge=1, le=1024, description="Data-parallel processes `grpo train` starts (through accelerate). "
         "Under `accelerate launch` its --num_processes decides; config.resolved.toml records the number that ran."
     )
+    sharding: Literal["none", "fsdp2"] = Field(
+        "none",
+        description="How the processes hold the policy: 'none' (DDP: a full copy each) or 'fsdp2' "
+        "(torch's fully_shard, as verl's strategy=fsdp2 and accelerate's fsdp_version 2: parameters, "
+        "gradients and optimizer state split over the processes, each transformer layer gathered "
+        "for its forward and backward). An `accelerate launch --config_file` with FSDP (version 2) "
+        "selects it too; DeepSpeed ZeRO comes only from accelerate's config (configs/deepspeed_zero*.yaml).",
+    )
     save_steps: int = Field(0, ge=0, description="Checkpoint every N steps (0: at the end only).")
     save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     on_nonfinite_loss: Literal["skip", "raise"] = Field(
@@ -255,8 +263,17 @@ ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_trunc
 
 
 class VllmSection(Section):
-    server_url: str = Field("http://127.0.0.1:8000", description="Where `grpo vllm-serve` listens.")
+    server_url: str | list[str] = Field(
+        "http://127.0.0.1:8000",
+        description="Where `grpo vllm-serve` listens: one URL, or several (a TOML array, or comma-separated "
+        "on the command line) for a fleet: prompts are spread over them by whole groups, weights go to all.",
+    )
     server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
+    drop_failed_servers: bool = Field(
+        False, description="With several server_url: a server that dies, times out or answers 5xx during "
+        "training is dropped (a warning, metric vllm/servers_dropped) and its prompts re-sent to the others; "
+        "false: training stops with an error naming it. Every server must answer at start.",
+    )
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.")
     enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (fast start).")
     max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
@@ -288,6 +305,33 @@ class VllmSection(Section):
         description="Deprecated alias of importance_sampling_clip_max (as TRL's vllm_importance_sampling_cap); "
         "a value given here is moved there.",
     )
+
+    @field_validator("server_url", mode="before")
+    @classmethod
+    def _server_urls(cls, value: Any) -> Any:
+        if isinstance(value, str) and "," in value:  # from the command line: a,b
+            value = value.split(",")
+        if not isinstance(value, list):
+            return value  # a single URL, checked below; anything else: pydantic's type error
+        value = [u.strip() if isinstance(u, str) else u for u in value]
+        if not value or "" in value:
+            raise ValueError("give one URL or a non-empty list of URLs")
+        if len({u.rstrip("/") if isinstance(u, str) else repr(u) for u in value}) < len(value):
+            raise ValueError("a URL appears twice")
+        return value
+
+    @field_validator("server_url")
+    @classmethod
+    def _http_urls(cls, value: str | list[str]) -> str | list[str]:
+        for url in [value] if isinstance(value, str) else value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return value
+
+    @property
+    def server_urls(self) -> list[str]:
+        """server_url as a list (one URL or several)."""
+        return [self.server_url] if isinstance(self.server_url, str) else list(self.server_url)
 
     @model_validator(mode="after")
     def _clip_bounds(self) -> VllmSection:

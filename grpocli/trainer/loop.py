@@ -28,6 +28,8 @@ from grpocli.algorithms import overlong_penalty, zero_spread_groups
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Sampling
 from grpocli.recipe import Resolved
+from grpocli.reference.client import ReferenceClient
+from grpocli.reference.mixing import mix_state
 from grpocli.rewards import score
 from grpocli.rewards.context import trainer_state
 from grpocli.trainer.advantages import compute_advantages
@@ -154,6 +156,7 @@ class Loop:
         prompt_tokens = total(s.accelerator, sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
         info.update(logged_metrics(s.accelerator, rollouts.logged_metrics))  # rewards' log_metric
         info.update(self.turn_metrics(counts))                                # tools/..., multi_turn/...
+        info.update(getattr(s.backend, "metrics", dict)())                    # a server fleet's vllm/...
         return Batch(rollouts, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
     def sample(self, rows: list[dict], seconds: dict[str, float],
@@ -248,7 +251,9 @@ class Loop:
             correct = r.vllm.importance_sampling_correction and part.engine_logprobs is not None
             if moves or correct:  # old log-probs: from the policy that generated, or for the engine's ratio
                 fill_logprobs(model, batches, self.settings.temperature, "old_logp")
-            if s.reference is not None:
+            if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
+                s.reference.fill(part, batches, self.settings.temperature, "ref_logp")
+            elif s.reference is not None:
                 fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
             sums = [importance_weights(part, batches, r.vllm)] if correct else []
             mismatch = mismatch_metrics(s.accelerator, sums) if correct else {}
@@ -278,14 +283,16 @@ class Loop:
         return time.perf_counter() - t0
 
     def maybe_refresh_reference(self) -> None:
-        """TRL's SyncRefModelCallback: every ref_sync_steps optimizer steps, ref = a * policy + (1 - a) * ref."""
+        """TRL's SyncRefModelCallback: every ref_sync_steps optimizer steps, ref = a * policy + (1 - a) * ref,
+        each tensor once (a tied lm_head too); with a reference server, the server mixes what is sent."""
         s, a = self.s, self.s.recipe.algorithm
         if s.reference is None or not is_due(a.ref_sync_steps, s.state.step):
             return
-        policy = s.accelerator.unwrap_model(s.model).state_dict()
-        with torch.no_grad():
-            for name, ref_param in s.reference.state_dict().items():
-                ref_param.mul_(1 - a.ref_sync_alpha).add_(policy[name].to(ref_param.dtype), alpha=a.ref_sync_alpha)
+        policy = s.accelerator.unwrap_model(s.model)
+        if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
+            s.reference.refresh(policy, a.ref_sync_alpha)
+        else:
+            mix_state(s.reference, policy.state_dict(), a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
     def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,

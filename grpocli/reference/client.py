@@ -1,0 +1,220 @@
+"""algorithm.reference = "server": the trainer's side of `grpo ref-serve`.
+
+``Session.reference`` is a ``ReferenceClient`` then, not a model: phase 5 of the loop calls
+``fill`` (one request per optimizer slice and process, the server batches what arrives together),
+the refresh of ``ref_sync_steps`` calls ``refresh`` (the main process streams the policy's weights
+in buckets, the server mixes them into its own: the trainer never holds the reference weights),
+and checkpoints save and restore the moving reference through ``state_dict`` / ``load_state_dict``
+(the main process downloads it into the checkpoint, and on resume sends it back with alpha = 1),
+so grpocli.trainer.checkpoint treats it as it treats a local reference model.
+
+Every call has a timeout (``algorithm.reference_timeout``) that ends in a UserError naming the URL
+and what to do. The API key, if the server has one, is read from GRPO_REF_API_KEY (an environment
+variable, so it is never written to config.resolved.toml). Standard-library HTTP only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+
+from grpocli.errors import UserError
+from grpocli.generation.weights import (
+    DEFAULT_BUCKET_BYTES,
+    buckets,
+    dtype_from_name,
+    pack_bucket,
+    policy_weights,
+)
+
+PROTOCOL_VERSION = 1  # grpocli.reference.app.PROTOCOL_VERSION (not imported: the server needs fastapi)
+KEY_ENV = "GRPO_REF_API_KEY"
+START_HINT = ("start one: grpo ref-serve --model MODEL_DIR --port 8001 (MODEL_DIR: the policy's starting "
+              "weights), and set algorithm.reference_url = 'http://127.0.0.1:8001'")
+
+
+class ReferenceClient:
+    """A `grpo ref-serve` standing in for the reference model (module docstring)."""
+
+    def __init__(self, url: str, *, timeout: float, api_key: str | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.url = url.rstrip("/")
+        self.timeout, self.api_key, self.bucket_bytes = timeout, api_key, bucket_bytes
+        self.info: dict[str, Any] = {}
+
+    @classmethod
+    def connect(cls, section: Any) -> ReferenceClient:
+        """Wait for the server of ``section.reference_url`` ([algorithm]) and check that it is one."""
+        client = cls(section.reference_url, timeout=section.reference_timeout, api_key=os.environ.get(KEY_ENV))
+        client.wait_until_ready()
+        if client.info.get("weights_version") or client.info.get("damaged"):
+            print(f"warning: the reference server at {client.url} holds weights changed by "
+                  f"{client.info.get('weights_version')} weight updates (an earlier run's ref_sync_steps), not "
+                  "those it started with; a new run should restart grpo ref-serve", file=sys.stderr, flush=True)
+        return client
+
+    # -- HTTP ----------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None,
+             raw: bool = False) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        headers = {"Accept": "application/json"}
+        data = None
+        if isinstance(body, bytes):
+            data, headers["Content-Type"] = body, "application/octet-stream"
+        elif body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                payload = response.read()
+                return (payload, dict(response.headers)) if raw else json.loads(payload or b"null")
+        except urllib.error.HTTPError as exc:
+            raise self._refused(method, path, exc) from None
+        except TimeoutError:
+            raise UserError(f"grpo ref-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
+                            where="algorithm.reference_timeout", valid="a longer timeout, or a server that is not stuck",
+                            hint="raise algorithm.reference_timeout, and look at the server's terminal") from None
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            raise UserError(f"no grpo ref-serve answers at {self.url} ({getattr(exc, 'reason', exc)})",
+                            where="algorithm.reference_url", valid="the URL of a running `grpo ref-serve`",
+                            hint=START_HINT) from None
+
+    def _refused(self, method: str, path: str, exc: urllib.error.HTTPError) -> UserError:
+        try:
+            detail = json.loads(exc.read() or b"{}").get("detail", "")
+        except (ValueError, AttributeError):
+            detail = ""
+        detail = detail if isinstance(detail, str) else json.dumps(detail)
+        hint = {401: f"export {KEY_ENV}=<the server's --api-key> before grpo train",
+                400: "the server's model must be the policy's: grpo ref-serve --model <the model you train>"}.get(
+            exc.code, "look at the server's terminal for the full error")
+        return UserError(f"grpo ref-serve at {self.url} refused {method} {path}: HTTP {exc.code}: "
+                         f"{detail or exc.reason}", where="algorithm.reference_url", hint=hint)
+
+    def wait_until_ready(self) -> dict[str, Any]:
+        """Poll /health until the server answers (it may still be loading), then read /info."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.call("GET", "/health", timeout=min(5.0, self.timeout))
+                break
+            except UserError as err:
+                if "HTTP 401" in err.what or time.monotonic() + 1.0 > deadline:
+                    raise
+                time.sleep(1.0)
+        self.info = self.call("GET", "/info")
+        if not isinstance(self.info, dict) or self.info.get("kind") != "reference" \
+                or self.info.get("protocol") != PROTOCOL_VERSION:
+            raise UserError(f"the server at {self.url} is not a grpo ref-serve of protocol {PROTOCOL_VERSION}",
+                            where="algorithm.reference_url", valid="the URL of a `grpo ref-serve` of this grpo version",
+                            hint=START_HINT)
+        return self.info
+
+    # -- log-probs -----------------------------------------------------------------------
+    def logprobs(self, groups: list[tuple[list[int], list[list[int]]]], temperature: float) -> list[list[list[float]]]:
+        """Per group (prompt ids, completions' ids), per completion: the reference log-prob of each token."""
+        body = {"groups": [{"prompt_ids": list(p), "completion_ids": [list(c) for c in cs]} for p, cs in groups],
+                "temperature": temperature}
+        return self.call("POST", "/logprobs", body)["logprobs"]
+
+    def fill(self, part: Any, micro_batches: list[Any], temperature: float, attr: str = "ref_logp") -> None:
+        """Set ``attr`` `[n, T]` on each micro-batch of ``part`` (a Rollouts) as fill_logprobs would:
+        the log-prob of each completion token, 0 where the loss mask is 0."""
+        g = part.group_size
+        groups: list[tuple[int, list[list[int]]]] = []  # consecutive completions of one group share a prompt
+        for mb in micro_batches:
+            for i in mb.index.tolist():
+                if not groups or groups[-1][0] != i // g:
+                    groups.append((i // g, []))
+                groups[-1][1].append(part.completion_ids[i])
+        if not groups:
+            return
+        answers = iter([lp for per in self.logprobs([(part.prompt_ids[k], cs) for k, cs in groups], temperature)
+                        for lp in per])
+        for mb in micro_batches:
+            out = torch.zeros(mb.loss_mask.shape, dtype=torch.float32)  # [n, T]
+            for row in range(out.shape[0]):
+                values = next(answers)
+                out[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            setattr(mb, attr, out.masked_fill_(mb.loss_mask <= 0, 0.0))
+
+    # -- weights -------------------------------------------------------------------------
+    def refresh(self, model: Any, alpha: float) -> None:
+        """ref = alpha * policy + (1 - alpha) * ref on the server: the main process sends, all wait."""
+        state = _partial_state()
+        if state is None or state.is_main_process:
+            with policy_weights(model, dtype_from_name(self.info.get("dtype", "float32"))) as weights:
+                self.send(weights.unique(), alpha)
+        else:
+            with policy_weights(model, dtype_from_name(self.info.get("dtype", "float32"))) as weights:
+                weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
+        if state is not None and state.num_processes > 1:
+            state.wait_for_everyone()
+
+    def send(self, named: Any, alpha: float) -> dict[str, Any]:
+        """Stream tensors (name, tensor) to the server in buckets, to be mixed in with ``alpha``."""
+        uid = self.call("POST", "/weights/begin", {"alpha": alpha, "timeout": self.timeout})["update_id"]
+        try:
+            for bucket in buckets(named, self.bucket_bytes):
+                self.call("POST", f"/weights/bucket?update_id={uid}", pack_bucket(bucket))
+            return self.call("POST", "/weights/end", {"update_id": uid})
+        except BaseException:
+            try:  # leave the server free for the next update (it reports the weights as damaged)
+                self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
+            except UserError:
+                pass
+            raise
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The server's current weights, each tensor once (main process; the others get {})."""
+        from grpocli.generation.weights import unpack_bucket
+
+        state = _partial_state()
+        if state is not None and not state.is_main_process:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        index, count = 0, 1
+        while index < count:
+            data, headers = self.call("GET", f"/weights/bucket?index={index}", raw=True)
+            count = int({k.lower(): v for k, v in headers.items()}.get("x-bucket-count", "1"))
+            out.update(unpack_bucket(data))
+            index += 1
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> tuple[list, list]:
+        """Replace the server's weights (alpha = 1) with a checkpoint's: the main process sends, all wait."""
+        state = _partial_state()
+        if state is None or state.is_main_process:
+            self.send(_each_storage_once(state_dict), 1.0)
+        if state is not None and state.num_processes > 1:
+            state.wait_for_everyone()
+        return [], []
+
+
+def _each_storage_once(state_dict: dict[str, torch.Tensor]) -> Any:
+    """(name, tensor) pairs, a tied tensor (lm_head = embed_tokens) once: the server mixes each once."""
+    seen = set()
+    for name, tensor in state_dict.items():
+        key = (tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size(),
+               tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            yield name, tensor
+
+
+def _partial_state() -> Any:
+    from accelerate import PartialState
+
+    return PartialState() if PartialState._shared_state else None
+
+
+__all__ = ["KEY_ENV", "ReferenceClient"]

@@ -1,0 +1,328 @@
+"""The reference model behind `grpo ref-serve`: one thread runs it; requests are batched; weights mix in.
+
+Every job (a log-prob request, a step of a weight update, a download) goes on one queue, and one
+worker thread runs them in order, so no forward pass ever sees half-mixed weights. The worker
+takes every job that is waiting at once: the sequences of all waiting log-prob requests (several
+training processes ask at the same time) are cut, in order, into forward passes of at most
+``max_batch_tokens`` prompt + completion tokens (a longer sequence gets a pass of its own) and laid
+out as the trainer lays out micro-batches (grpocli.trainer.packing); each pass is the in-process
+reference pass itself (grpocli.trainer.step.fill_logprobs), so the numbers are the same.
+
+A weight update (``ref_sync_steps``) is a stream: ``begin`` (alpha), buckets of the policy's
+tensors, ``end``. Each bucket is mixed in place as it comes (ref = alpha * policy + (1 - alpha) *
+ref, grpocli.reference.mixing), so memory stays at one bucket beyond the model; log-prob requests
+wait until the update ends. An update that gets no call for ``timeout`` seconds, or is aborted or
+ends incomplete after it mixed some tensors, leaves the weights "damaged": log-prob requests are
+refused (409) with the reason until a complete update with alpha = 1 (which overwrites every
+tensor, as a resume does) repairs them. Every request waits at most its timeout (504); a job past
+its deadline marks the worker stuck and /health says so (503).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpocli.generation.weights import (
+    DEFAULT_BUCKET_BYTES,
+    Named,
+    TensorSpec,
+    buckets,
+    pack_bucket,
+    spec_problems,
+)
+from grpocli.reference.mixing import mix_tensor, reference_tensors
+from grpocli.server.host import ServerError
+
+#: (prompt ids, [completion ids, ...]): one prompt and the completions of its group.
+Group = tuple[list[int], list[list[int]]]
+#: Job kinds that read the weights: they wait while an update is mixing them in.
+READS_WEIGHTS = ("score", "download")
+DEFAULT_MAX_BATCH_TOKENS = 16384
+
+
+@dataclass
+class Job:
+    kind: str        # "score", "download", "begin", "mix", "end" or "abort"
+    args: tuple
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class Update:
+    """A weight update in flight: ref = alpha * policy + (1 - alpha) * ref, one bucket at a time."""
+
+    alpha: float
+    timeout: float
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)  # the last call that touched it
+    mixed: set[str] = field(default_factory=set)
+
+
+class ReferenceHost:
+    """The reference model, driven by one worker thread (module docstring)."""
+
+    def __init__(self, model: Any, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                 request_timeout: float = 600.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        from grpocli.trainer.packing import choose_layout
+
+        self.model = model
+        self.layout = choose_layout(model)
+        weights = reference_tensors(model)
+        self.tensors = dict(weights.unique())
+        self.aliases = weights.aliases  # a tied tensor's other name (lm_head -> embed_tokens) is accepted too
+        self.specs = {name: TensorSpec.of(name, t) for name, t in self.tensors.items()}
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.max_batch_tokens, self.request_timeout, self.bucket_bytes = max_batch_tokens, request_timeout, bucket_bytes
+        self.jobs: queue.Queue[Job] = queue.Queue()
+        self.update: Update | None = None
+        self.version = 0              # complete updates so far
+        self.damaged: str | None = None
+        self.dead: str | None = None
+        self.batches = 0              # forward passes so far (/info; tests see the batching)
+        self.held: list[Job] = []     # jobs that read the weights, waiting for an update to end
+        self._busy: tuple[str, float] | None = None  # (job kind, deadline) of the running job
+        self.thread = threading.Thread(target=self._serve, name="grpo-reference", daemon=True)
+        self.thread.start()
+
+    # -- request threads ------------------------------------------------------------------
+    def logprobs(self, groups: list[Group], temperature: float, timeout: float) -> list[list[list[float]]]:
+        """Per group, per completion: log p(token | prefix) of each completion token at ``temperature``."""
+        for g, (prompt, completions) in enumerate(groups):
+            for ids in (prompt, *completions):
+                bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+                if bad is not None:
+                    raise ServerError(400, f"groups[{g}]: token id {bad} is outside the model's vocabulary "
+                                           f"(0 .. {self.vocab_size - 1})")
+        if self.damaged:
+            raise ServerError(409, self.damaged)
+        return self._submit(Job("score", (groups, temperature)), timeout)
+
+    def begin(self, alpha: float, timeout: float) -> str:
+        return self._submit(Job("begin", (alpha, timeout)), timeout)
+
+    def mix(self, update_id: str, named: list[Named], timeout: float) -> int:
+        named = [(self.aliases.get(n, n), t) for n, t in named]
+        got = [TensorSpec(n, tuple(t.shape), self.specs[n].dtype if n in self.specs else "float32") for n, t in named]
+        problems = spec_problems(self.specs, got, complete=False)
+        if problems:
+            raise ServerError(400, "the bucket does not fit the reference model: " + "; ".join(problems))
+        return self._submit(Job("mix", (update_id, named)), timeout)
+
+    def end(self, update_id: str, timeout: float) -> dict[str, Any]:
+        return self._submit(Job("end", (update_id,)), timeout)
+
+    def abort(self, update_id: str, timeout: float) -> dict[str, Any]:
+        return self._submit(Job("abort", (update_id,)), timeout)
+
+    def download(self, index: int, timeout: float) -> tuple[bytes, int]:
+        """Bucket ``index`` of the current weights (each tensor once) as safetensors, and the count."""
+        return self._submit(Job("download", (index,)), timeout)
+
+    def info(self) -> dict[str, Any]:
+        from grpocli.generation.weights import dtype_name
+
+        param = next(iter(self.tensors.values()))
+        return {"kind": "reference", "dtype": dtype_name(param.dtype), "device": str(param.device),
+                "vocab_size": self.vocab_size, "weights_version": self.version, "damaged": self.damaged,
+                "max_batch_tokens": self.max_batch_tokens, "layout": self.layout.kind, "batches": self.batches,
+                "waiting": self.jobs.qsize() + len(self.held), "updating": self.update is not None,
+                "tensors": len(self.tensors)}
+
+    def health(self) -> str | None:
+        """None when the worker takes jobs, else why not (dead, or stuck past a deadline)."""
+        if self.dead or not self.thread.is_alive():
+            return self.dead or "the reference worker thread has stopped; restart grpo ref-serve"
+        busy = self._busy
+        if busy is not None and time.monotonic() > busy[1]:
+            return (f"the reference model is stuck: a {busy[0]} job has run {time.monotonic() - busy[1]:.0f} s "
+                    "past its deadline; restart grpo ref-serve")
+        return None
+
+    def _submit(self, job: Job, timeout: float) -> Any:
+        problem = self.health()
+        if problem is not None:
+            raise ServerError(503, problem)
+        self.jobs.put(job)
+        try:
+            return job.future.result(timeout=timeout)
+        except FutureTimeout:
+            job.future.cancel()  # not started: the worker skips it
+            raise ServerError(504, f"the reference model did not answer within {timeout:g} s "
+                                   f"({self.jobs.qsize()} jobs waiting)") from None
+
+    # -- the worker thread ------------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            while True:
+                if self.held and self.update is None:
+                    jobs, self.held = self.held, []
+                else:
+                    first = self._next()
+                    if first is None:
+                        continue
+                    jobs = [first]
+                jobs += self._drain()
+                self.held += self._run(jobs)
+        except BaseException as exc:  # pragma: no cover - a bug; /health reports it
+            self.dead = f"the reference worker failed ({type(exc).__name__}: {exc}); restart grpo ref-serve"
+            raise
+
+    def _next(self) -> Job | None:
+        """The next job; while an update is open, None once it has waited its timeout (it expires)."""
+        u = self.update
+        if u is None:
+            return self.jobs.get()
+        try:
+            return self.jobs.get(timeout=max(u.last + u.timeout - time.monotonic(), 0.01))
+        except queue.Empty:
+            if self.update is u and time.monotonic() >= u.last + u.timeout:
+                self._close_update(u, f"it got no call for {u.timeout:g} s")
+            return None
+
+    def _drain(self) -> list[Job]:
+        out = []
+        while True:
+            try:
+                out.append(self.jobs.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _run(self, jobs: list[Job]) -> list[Job]:
+        """Run jobs in order, consecutive log-prob requests together; those that must wait are returned."""
+        held, scores = [], []
+        for job in jobs:
+            if job.kind in READS_WEIGHTS and self.update is not None:
+                held.append(job)
+            elif job.kind == "score":
+                scores.append(job)
+            else:
+                self._score(scores)
+                scores = []
+                self._one(job)
+        self._score(scores)
+        return held
+
+    def _one(self, job: Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return
+        self._busy = (job.kind, time.monotonic() + self.request_timeout)
+        try:
+            job.future.set_result(getattr(self, f"_do_{job.kind}")(*job.args))
+        except Exception as exc:  # noqa: BLE001 - the request's answer (4xx/5xx), not the worker's end
+            job.future.set_exception(exc)
+        finally:
+            self._busy = None
+
+    def _score(self, jobs: list[Job]) -> None:
+        """Every waiting log-prob request's sequences in forward passes under the token budget."""
+        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        for temperature in dict.fromkeys(job.args[1] for job in live):
+            same = [job for job in live if job.args[1] == temperature]
+            self._busy = ("log-prob", time.monotonic() + self.request_timeout)
+            try:
+                answers = self._logprobs([g for job in same for g in job.args[0]], temperature)
+            except Exception as exc:  # noqa: BLE001 - fails these requests (500 with the reason), not the worker
+                for job in same:
+                    job.future.set_exception(exc)
+                continue
+            finally:
+                self._busy = None
+            k = 0
+            for job in same:
+                job.future.set_result(answers[k : k + len(job.args[0])])
+                k += len(job.args[0])
+
+    def _logprobs(self, groups: list[Group], temperature: float) -> list[list[list[float]]]:
+        from grpocli.trainer.packing import build_rows
+        from grpocli.trainer.step import fill_logprobs
+
+        out: list[list[list[float]]] = [[[] for _ in completions] for _, completions in groups]
+        seqs = [(g, j, prompt, c) for g, (prompt, completions) in enumerate(groups)
+                for j, c in enumerate(completions) if c]
+        for batch in token_batches([len(p) + len(c) for _, _, p, c in seqs], self.max_batch_tokens):
+            rows = build_rows([(seqs[i][0], seqs[i][2], seqs[i][3]) for i in batch], self.layout)
+            fill_logprobs(self.model, [rows], temperature, "logp")  # the in-process reference pass
+            self.batches += 1
+            for row, i in enumerate(batch):
+                g, j, _, completion = seqs[i]
+                out[g][j] = rows.logp[row, : len(completion)].tolist()
+        return out
+
+    # -- weight updates (on the worker thread) -------------------------------------------------
+    def _current(self, update_id: str) -> Update:
+        u = self.update
+        if u is None or u.id != update_id:
+            raise ServerError(409, f"no weight update {update_id} is open (it ended, expired or was aborted)")
+        u.last = time.monotonic()
+        return u
+
+    def _do_begin(self, alpha: float, timeout: float) -> str:
+        if self.update is not None:
+            raise ServerError(409, f"another weight update is open (for {time.monotonic() - self.update.started:.0f} s)")
+        self.update = Update(alpha=alpha, timeout=timeout)
+        return self.update.id
+
+    def _do_mix(self, update_id: str, named: list[Named]) -> int:
+        u = self._current(update_id)
+        names = [name for name, _ in named]
+        again = sorted({name for k, name in enumerate(names) if name in u.mixed or name in names[:k]})
+        if again:
+            raise ServerError(400, f"tensors sent twice in one update: {', '.join(again[:4])}")
+        for name, tensor in named:
+            mix_tensor(self.tensors[name], tensor, u.alpha)
+            u.mixed.add(name)
+        u.last = time.monotonic()
+        return len(named)
+
+    def _do_end(self, update_id: str) -> dict[str, Any]:
+        u = self._current(update_id)
+        missing = sorted(set(self.tensors) - u.mixed)
+        if missing:
+            self._close_update(u, f"it ended without {len(missing)} of the model's tensors ({', '.join(missing[:4])})")
+            raise ServerError(409, self.damaged or "the update ended incomplete")
+        self.update = None
+        self.version += 1
+        if u.alpha == 1.0:
+            self.damaged = None  # every tensor overwritten
+        return {"weights_version": self.version, "tensors": len(u.mixed), "seconds": time.monotonic() - u.started}
+
+    def _do_abort(self, update_id: str) -> dict[str, Any]:
+        self._close_update(self._current(update_id), "the client aborted it")
+        return {"aborted": True, "damaged": self.damaged}
+
+    def _close_update(self, u: Update, why: str) -> None:
+        self.update = None
+        if u.mixed:
+            self.damaged = (f"the reference weights are partly mixed: a weight update mixed {len(u.mixed)} of "
+                            f"{len(self.tensors)} tensors, then {why}; a complete update with alpha = 1 "
+                            "(grpo train resuming from a checkpoint) or a restart of grpo ref-serve repairs them")
+
+    def _do_download(self, index: int) -> tuple[bytes, int]:
+        parts = list(buckets(self.tensors.items(), self.bucket_bytes))
+        if not 0 <= index < len(parts):
+            raise ServerError(404, f"bucket {index} does not exist (the weights are {len(parts)} buckets)")
+        return pack_bucket(parts[index]), len(parts)
+
+
+def token_batches(costs: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of ``costs``, in order, in runs of at most ``max_tokens`` (a bigger one alone)."""
+    out: list[list[int]] = []
+    used = 0
+    for i, cost in enumerate(costs):
+        if not out or used + cost > max_tokens:
+            out.append([])
+            used = 0
+        out[-1].append(i)
+        used += cost
+    return out
+
+
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "Group", "ReferenceHost", "token_batches"]
