@@ -115,7 +115,11 @@ def test_a_user_error_in_the_workers_is_printed_once_with_exit_2(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_on_a_directory_in_use_stops_and_touches_nothing(tmp_path):
     run = RunDir(tmp_path / "busy-run")
-    args = ["train", "quickstart", *FAST, "train.steps=3", f"train.output_dir={run.root}"]
+    slow = tmp_path / "slow_reward.py"  # 1 s a step at least: the run cannot finish between two polls
+    slow.write_text("import time\n\ndef slow(prompts, completions, **kwargs):\n"
+                    "    time.sleep(1.0)\n    return [float(len(c)) for c in completions]\n")
+    args = ["train", "quickstart", *FAST, "train.steps=3", f"train.output_dir={run.root}",
+            f'rewards=[{{name="{slow}:slow"}}]']
     log = tmp_path / "first.log"
     first = _start(log, *args)
     try:
