@@ -20,16 +20,15 @@ update out of order or damaged weights, 504 a request past its timeout, 503 a st
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpocli.reference.host import DEFAULT_MAX_BATCH_TOKENS, ReferenceHost
+from grpocli.server.app import add_error_handlers, check_port, key_check
 from grpocli.server.host import ServerError
 
 PROTOCOL_VERSION = 1
@@ -64,21 +63,11 @@ class UpdateId(Body):
 def build_app(host: ReferenceHost, *, model: str = "", api_key: str | None = None,
               request_timeout: float = REQUEST_TIMEOUT) -> Any:
     """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close)."""
-    app = FastAPI(title="grpo ref-serve", version=str(PROTOCOL_VERSION), dependencies=[Depends(key_check(api_key))])
+    app = FastAPI(title="grpo ref-serve", version=str(PROTOCOL_VERSION),
+                  dependencies=[Depends(key_check(api_key, env="GRPO_REF_API_KEY"))])
     app.state.server = None
 
-    @app.exception_handler(ServerError)
-    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [
-            {"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")} for e in exc.errors()]})
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+    add_error_handlers(app)
 
     @app.get("/health")
     def health() -> Any:
@@ -138,20 +127,6 @@ def _add_weight_routes(app: Any, host: ReferenceHost, request_timeout: float) ->
         return Response(content=data, media_type="application/octet-stream", headers={"X-Bucket-Count": str(count)})
 
 
-def key_check(api_key: str | None) -> Any:
-    """A dependency that refuses (401) a request without ``api_key``; lets all through without one."""
-    def check(request: Request) -> None:
-        if api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        got = request.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
-        if not got or not hmac.compare_digest(got.encode(), api_key.encode()):
-            raise HTTPException(401, "this server needs its API key: send 'Authorization: Bearer KEY' or "
-                                     "'X-API-Key: KEY' (grpo train reads it from GRPO_REF_API_KEY)")
-
-    return check
-
-
 def load_model(model: str, dtype: str) -> Any:
     """The reference model of ``--model`` (a directory or hub id) in ``dtype``, frozen, on the GPU if any."""
     import torch
@@ -178,7 +153,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8001, api_key: s
     """Load ``model`` and serve its log-probs until POST /close or a signal."""
     import uvicorn
 
-    _check_port(host, port)
+    check_port(host, port, command="grpo ref-serve")
     if host not in LOOPBACK and api_key is None:
         print(f"grpo ref-serve: listening on {host} without --api-key: anyone who can reach this port "
               "can replace the reference weights", flush=True)
@@ -196,20 +171,4 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8001, api_key: s
     server.run()
 
 
-def _check_port(host: str, port: int) -> None:
-    import socket
-
-    from grpocli.errors import UserError
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}", where="--host/--port",
-                            valid="a free port on an address of this machine",
-                            hint=f"pick another port: grpo ref-serve --model ... --port {port + 1}") from None
-
-
-__all__ = ["build_app", "key_check", "load_model", "run_server"]
+__all__ = ["build_app", "load_model", "run_server"]

@@ -52,15 +52,20 @@ def accepted_args(fn: Callable[..., Any]) -> set[str]:
 
 def check_reward_args(index: int, name: str, fn: Callable[..., Any], args: Mapping[str, Any]) -> None:
     """UserError for the first key of ``args`` (entry ``index`` of [[rewards]]) that ``fn`` does not accept."""
-    accepted = accepted_args(fn)
+    refuse_unknown_args(args, accepted_args(fn), what=f"reward {name!r}", where=f"rewards[{index}].args",
+                        hint="fix the arg's name, or leave it out; a reward that reads args through **kwargs "
+                        'declares them with @grpocli.recipe_args("name", ...)')
+
+
+def refuse_unknown_args(args: Mapping[str, Any], accepted: set[str], *, what: str, where: str, hint: str) -> None:
+    """UserError at ``where.KEY`` for the first key of ``args`` not in ``accepted`` (rewards, curricula)."""
     for key in args:
         if key not in accepted:
             raise UserError(
-                f"reward {name!r} takes no argument {key!r}{did_you_mean(key, accepted)}",
-                where=f"rewards[{index}].args.{key}",
-                valid=", ".join(sorted(accepted)) or "(this reward takes no args)",
-                hint="fix the arg's name, or leave it out; a reward that reads args through **kwargs "
-                'declares them with @grpocli.recipe_args("name", ...)',
+                f"{what} takes no argument {key!r}{did_you_mean(key, accepted)}",
+                where=f"{where}.{key}",
+                valid=", ".join(sorted(accepted)) or f"(this {what.split()[0]} takes no args)",
+                hint=hint,
             )
 
 

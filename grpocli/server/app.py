@@ -39,22 +39,8 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
     """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close)."""
     app = FastAPI(title="grpo vllm-serve", version=str(PROTOCOL_VERSION))
     app.state.host, app.state.server = host, None
-    key = Depends(_key_check(api_key))
-
-    @app.exception_handler(ServerError)
-    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [
-            {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()]})
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
-
+    key = Depends(key_check(api_key, env="GRPO_VLLM_API_KEY"))
+    add_error_handlers(app)
     _add_engine_routes(app, host, key, request_timeout)
     _add_weight_routes(app, host, key)
 
@@ -148,7 +134,28 @@ def health_answer(host: EngineHost) -> Any:
     return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": problem})
 
 
-def _key_check(api_key: str | None) -> Any:
+def add_error_handlers(app: Any) -> None:
+    """Errors as JSON: a ServerError with its status, a 422 listing each invalid field (without
+    echoing the input, which may not be JSON: NaN), anything else a 500 naming the exception."""
+
+    @app.exception_handler(ServerError)
+    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()]})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+
+
+def key_check(api_key: str | None, *, env: str) -> Any:
+    """A dependency that refuses (401) a request without ``api_key``; lets all through without one.
+    ``env`` names the variable grpo train reads the key from."""
     def check(request: Request) -> None:
         if api_key is None:
             return
@@ -156,7 +163,7 @@ def _key_check(api_key: str | None) -> Any:
         got = request.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
         if not got or not hmac.compare_digest(got.encode(), api_key.encode()):
             raise HTTPException(401, "this endpoint needs the server's API key: send 'Authorization: Bearer KEY' "
-                                     "or 'X-API-Key: KEY' (grpo train reads it from GRPO_VLLM_API_KEY)")
+                                     f"or 'X-API-Key: KEY' (grpo train reads it from {env})")
 
     return check
 
@@ -179,7 +186,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     from grpocli.models.source import resolve
 
     source = resolve(model, key="--model")
-    _check_port(host, port)  # before the engine's half minute of start-up
+    check_port(host, port, command="grpo vllm-serve")  # before the engine's half minute of start-up
     prepare_vllm_environment(kv_cache_gb=kv_cache_gb, in_process=True)
     if host not in LOOPBACK and api_key is None:
         print(f"grpo vllm-serve: listening on {host} without --api-key: anyone who can reach this port "
@@ -201,7 +208,8 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
         engine_host.close()
 
 
-def _check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, *, command: str) -> None:
+    """UserError (exit 2) before any model loads when ``host:port`` cannot be listened on."""
     import socket
 
     from grpocli.errors import UserError
@@ -214,7 +222,7 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}", where="--host/--port",
                             valid="a free port on an address of this machine",
-                            hint=f"pick another port: grpo vllm-serve --model ... --port {port + 1}") from None
+                            hint=f"pick another port: {command} --model ... --port {port + 1}") from None
 
 
-__all__ = ["build_app", "health_answer", "run_server"]
+__all__ = ["add_error_handlers", "build_app", "check_port", "health_answer", "key_check", "run_server"]

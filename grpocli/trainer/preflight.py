@@ -79,20 +79,12 @@ def _check_curriculum_args(entry: Any, args: dict[str, Any]) -> None:
     import inspect
 
     from grpocli.data.curricula import CURRICULUM_KEYWORDS
-    from grpocli.errors import did_you_mean
-    from grpocli.rewards.arguments import accepted_args
+    from grpocli.rewards.arguments import accepted_args, refuse_unknown_args
 
     accepted = accepted_args(entry.fn) - set(CURRICULUM_KEYWORDS)
     source = f"curriculum {entry.name!r} (plugin {entry.plugin}, {entry.distribution})"
-    for key in args:
-        if key not in accepted:
-            raise UserError(
-                f"{source} takes no argument {key!r}{did_you_mean(key, accepted)}",
-                where=f"train.curriculum_args.{key}",
-                valid=", ".join(sorted(accepted)) or "(this curriculum takes no args)",
-                hint="fix the arg's name, or leave it out; `grpo inspect plugins` describes each "
-                "curriculum",
-            )
+    refuse_unknown_args(args, accepted, what=source, where="train.curriculum_args",
+                        hint="fix the arg's name, or leave it out; `grpo inspect plugins` describes each curriculum")
     try:
         params = inspect.signature(entry.fn).parameters.values()
     except (TypeError, ValueError):  # no signature to check

