@@ -2,7 +2,7 @@
 
 Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
 Imports only its sibling modules (section.py, algorithm_section.py, eval_section.py,
-tools_section.py).
+tools_section.py, vllm_section.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from grpocli.recipe.algorithm_section import AlgorithmSection
 from grpocli.recipe.eval_section import EvalSection
 from grpocli.recipe.section import Section
 from grpocli.recipe.tools_section import MultiTurnSection, ToolSpec
+from grpocli.recipe.vllm_section import VllmSection
 
 
 class TinyModel(Section):
@@ -259,106 +260,6 @@ class LogSection(Section):
 
 
 #: TRL's `vllm_importance_sampling_mode` names (grpocli.algorithms.IMPORTANCE_SAMPLING_MODES).
-ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-
-
-class VllmSection(Section):
-    server_url: str | list[str] = Field(
-        "http://127.0.0.1:8000",
-        description="Where `grpo vllm-serve` listens: one URL, or several (a TOML array, or comma-separated "
-        "on the command line) for a fleet: prompts are spread over them by whole groups, weights go to all.",
-    )
-    server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
-    drop_failed_servers: bool = Field(
-        False, description="With several server_url: a server that dies, times out or answers 5xx during "
-        "training is dropped (a warning, metric vllm/servers_dropped) and its prompts re-sent to the others; "
-        "false: training stops with an error naming it. Every server must answer at start.",
-    )
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.")
-    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (fast start).")
-    max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
-    kv_cache_gb: float = Field(1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
-    importance_sampling_correction: bool = Field(
-        True, description="Importance sampling against the engine's log-probs (TRL's "
-        "vllm_importance_sampling_correction); importance_sampling_mode says how."
-    )
-    importance_sampling_mode: ImportanceSamplingMode = Field(
-        "token_truncate",
-        description="How the ratio exp(trainer old log-prob - engine log-prob) weights the loss (TRL's "
-        "vllm_importance_sampling_mode): 'token_truncate' per-token ratio clamped to [clip_min, clip_max] "
-        "(ours, the default); 'token_mask' per-token ratio, 0 outside the bounds; 'sequence_truncate' / "
-        "'sequence_mask' one ratio per completion from the summed log-ratio, clamped / 0 outside the bounds. "
-        "TRL's default is 'sequence_mask' with clip_max 3.0.",
-    )
-    importance_sampling_clip_max: float | None = Field(
-        2.0, gt=0.0,
-        description="Upper bound C_max of the ratio (TRL's vllm_importance_sampling_clip_max, default 3.0 "
-        "there; ours 2.0): '*_truncate' clamps above it, '*_mask' zeroes above it. None or inf (TOML: inf): no bound.",
-    )
-    importance_sampling_clip_min: float | None = Field(
-        None, ge=0.0,
-        description="Lower bound C_min of the ratio (TRL's vllm_importance_sampling_clip_min): '*_truncate' "
-        "clamps below it, '*_mask' zeroes below it. None: no bound.",
-    )
-    importance_sampling_cap: float | None = Field(
-        None, gt=0.0,
-        description="Deprecated alias of importance_sampling_clip_max (as TRL's vllm_importance_sampling_cap); "
-        "a value given here is moved there.",
-    )
-
-    @field_validator("server_url", mode="before")
-    @classmethod
-    def _server_urls(cls, value: Any) -> Any:
-        if isinstance(value, str) and "," in value:  # from the command line: a,b
-            value = value.split(",")
-        if not isinstance(value, list):
-            return value  # a single URL, checked below; anything else: pydantic's type error
-        value = [u.strip() if isinstance(u, str) else u for u in value]
-        if not value or "" in value:
-            raise ValueError("give one URL or a non-empty list of URLs")
-        if len({u.rstrip("/") if isinstance(u, str) else repr(u) for u in value}) < len(value):
-            raise ValueError("a URL appears twice")
-        return value
-
-    @field_validator("server_url")
-    @classmethod
-    def _http_urls(cls, value: str | list[str]) -> str | list[str]:
-        for url in [value] if isinstance(value, str) else value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http:// or https:// URL")
-        return value
-
-    @property
-    def server_urls(self) -> list[str]:
-        """server_url as a list (one URL or several)."""
-        return [self.server_url] if isinstance(self.server_url, str) else list(self.server_url)
-
-    @model_validator(mode="after")
-    def _clip_bounds(self) -> VllmSection:
-        cap = self.importance_sampling_cap
-        if cap is not None:  # the deprecated name: move its value (through __dict__: no re-validation)
-            given = self.importance_sampling_clip_max
-            if "importance_sampling_clip_max" in self.model_fields_set and given != cap:
-                raise ValueError(
-                    f"importance_sampling_cap ({cap}) is the deprecated name of importance_sampling_clip_max "
-                    f"({given}); give only importance_sampling_clip_max"
-                )
-            self.__dict__["importance_sampling_clip_max"] = cap
-            self.__dict__["importance_sampling_cap"] = None
-        lo, hi = self.importance_sampling_clip_min, self.importance_sampling_clip_max
-        if lo is not None and hi is not None and lo >= hi:
-            raise ValueError(
-                f"importance_sampling_clip_min ({lo}) must be less than importance_sampling_clip_max ({hi})"
-            )
-        truncate = self.importance_sampling_mode.endswith("_truncate")
-        if self.importance_sampling_correction and truncate and lo is None and hi is None:
-            raise ValueError(
-                f"importance_sampling_mode = {self.importance_sampling_mode!r} clamps the ratio: set "
-                "importance_sampling_clip_max or importance_sampling_clip_min (or use a '*_mask' mode)"
-            )
-        return self
-
-
 class Recipe(BaseSettings):
     """A whole run. Sources, lowest first: defaults, recipe file, GRPO_SECTION__KEY, arguments."""
 

@@ -11,7 +11,7 @@ from grpocli.trainer.batching import MicroBatch
 from grpocli.trainer.rollouts import Rollouts
 
 if TYPE_CHECKING:
-    from grpocli.recipe.schema import VllmSection
+    from grpocli.recipe.vllm_section import VllmSection
 
 
 def importance_weights(part: Rollouts, batches: list[MicroBatch], vllm: VllmSection) -> dict[str, float]:

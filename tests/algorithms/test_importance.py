@@ -17,7 +17,7 @@ from grpocli.algorithms import (
 )
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe, to_toml
-from grpocli.recipe.schema import ImportanceSamplingMode, VllmSection
+from grpocli.recipe.vllm_section import ImportanceSamplingMode, VllmSection
 
 E = math.e
 NAN = float("nan")
