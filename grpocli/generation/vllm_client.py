@@ -53,6 +53,32 @@ PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: 
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
 
 
+def send(url: str, method: str, body: dict | bytes | None, *, api_key: str | None,
+         timeout: float) -> tuple[bytes, dict[str, str]]:
+    """One HTTP call to a grpo server (JSON or raw bytes in; the body and headers out); urllib's
+    own exceptions propagate for the caller to name its server and keys."""
+    headers = {"Accept": "application/json"}
+    data = None
+    if isinstance(body, bytes):
+        data, headers["Content-Type"] = body, "application/octet-stream"
+    elif body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read(), dict(response.headers)
+
+
+def refusal_detail(exc: urllib.error.HTTPError) -> str:
+    """The server's reason for a 4xx/5xx (FastAPI's "detail"), as text; "" when it gave none."""
+    try:
+        detail = json.loads(exc.read() or b"{}").get("detail", "")
+    except (ValueError, AttributeError):
+        detail = ""
+    return detail if isinstance(detail, str) else json.dumps(detail)
+
+
 class ServerUnavailable(UserError):
     """The server did not answer: refused or dropped the connection, timed out, or failed (HTTP 5xx).
     A fleet may drop such a server (vllm.drop_failed_servers); a 4xx refusal is never dropped."""
@@ -71,18 +97,8 @@ class ServerClient:
     # -- HTTP ----------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None) -> Any:
         timeout = self.timeout if timeout is None else timeout
-        headers = {"Accept": "application/json"}
-        data = None
-        if isinstance(body, bytes):
-            data, headers["Content-Type"] = body, "application/octet-stream"
-        elif body is not None:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read() or b"null")
+            return json.loads(send(self.url + path, method, body, api_key=self.api_key, timeout=timeout)[0] or b"null")
         except urllib.error.HTTPError as exc:
             raise self._refused(path, exc) from None
         except TimeoutError:  # socket.timeout is TimeoutError
@@ -99,11 +115,7 @@ class ServerClient:
             ) from None
 
     def _refused(self, path: str, exc: urllib.error.HTTPError) -> UserError:
-        try:
-            detail = json.loads(exc.read() or b"{}").get("detail", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        detail = detail if isinstance(detail, str) else json.dumps(detail)
+        detail = refusal_detail(exc)
         hint = {401: "export GRPO_VLLM_API_KEY=<the server's --api-key> before grpo train",
                 409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
                      "you train>; if an update failed midway, the next complete one repairs it"}.get(

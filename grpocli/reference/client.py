@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from grpocli.errors import UserError
+from grpocli.generation.vllm_client import refusal_detail, send
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
     buckets,
@@ -64,19 +65,9 @@ class ReferenceClient:
     def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None,
              raw: bool = False) -> Any:
         timeout = self.timeout if timeout is None else timeout
-        headers = {"Accept": "application/json"}
-        data = None
-        if isinstance(body, bytes):
-            data, headers["Content-Type"] = body, "application/octet-stream"
-        elif body is not None:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                payload = response.read()
-                return (payload, dict(response.headers)) if raw else json.loads(payload or b"null")
+            payload, headers = send(self.url + path, method, body, api_key=self.api_key, timeout=timeout)
+            return (payload, headers) if raw else json.loads(payload or b"null")
         except urllib.error.HTTPError as exc:
             raise self._refused(method, path, exc) from None
         except TimeoutError:
@@ -89,11 +80,7 @@ class ReferenceClient:
                             hint=START_HINT) from None
 
     def _refused(self, method: str, path: str, exc: urllib.error.HTTPError) -> UserError:
-        try:
-            detail = json.loads(exc.read() or b"{}").get("detail", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        detail = detail if isinstance(detail, str) else json.dumps(detail)
+        detail = refusal_detail(exc)
         hint = {401: f"export {KEY_ENV}=<the server's --api-key> before grpo train",
                 400: "the server's model must be the policy's: grpo ref-serve --model <the model you train>"}.get(
             exc.code, "look at the server's terminal for the full error")
