@@ -205,14 +205,32 @@ def sampled_logprobs(completion: Any) -> list[float]:
     return out
 
 
+def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path) -> Path:
+    """The policy as a checkpoint vLLM can start from: config, tokenizer, and the weights that
+    `sync_weights` sends (LoRA adapters merged, peft names cleaned, FSDP2 shards gathered one
+    tensor at a time). Every training process writes its own copy for its own engine, so neither
+    transformers' save_pretrained (it writes on the main process only once torch.distributed is
+    up, and cannot read DTensor shards) nor a deepcopy of the model (FSDP2 refuses it) is used."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.save_pretrained(directory)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(directory)
+    with policy_weights(model) as weights:  # every process walks the same tensors (FSDP2 gathers)
+        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights.unique()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(directory, save_jinja_files=False)
+    return directory
+
+
 class VllmColocateBackend(PromptEncoder):
     """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
                  vllm_section: Any, dtype: str = "auto", seed: int = 0) -> None:
         import torch
-
-        from grpocli.models import save_model
 
         v = vllm_section
         # the session has applied train.torch_threads (or torch's default) to this process
@@ -222,7 +240,7 @@ class VllmColocateBackend(PromptEncoder):
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         tmp = tempfile.mkdtemp(prefix="grpo-vllm-", dir=shm)
         try:
-            save_model(model, tokenizer, tmp)
+            write_engine_copy(model, tokenizer, tmp)
             self.engine = VllmEngine(
                 tmp, dtype=dtype, max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
@@ -261,4 +279,5 @@ class VllmColocateBackend(PromptEncoder):
             self.engine = None
 
 
-__all__ = ["VllmColocateBackend", "VllmEngine", "check_head_size", "import_vllm", "prepare_vllm_environment"]
+__all__ = ["VllmColocateBackend", "VllmEngine", "check_head_size", "import_vllm", "prepare_vllm_environment",
+           "write_engine_copy"]

@@ -8,7 +8,8 @@ It is written as step-N.tmp and renamed when every process has finished writing.
 Under FSDP2 (grpocli.trainer.sharding) the files are the same, whole: the weights and the
 optimizer state are gathered one tensor at a time on the main process (optimizer.pt then holds
 torch.distributed.checkpoint's full optimizer state dict, keyed by parameter names), and every
-process reads them back and keeps its shard. Resume is exact (the same numbers, re-split); a
+process reads them back and keeps its shard (a LoRA policy: its adapters only, as without
+sharding, grpocli.trainer.sharded_adapters). Resume is exact (the same numbers, re-split); a
 checkpoint loads under any number of processes, and its model directory is a plain
 save_pretrained one for `grpo eval` and vLLM.
 """
@@ -30,6 +31,11 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.rundir import RunDir, checkpoint_problems
+from grpocli.trainer.sharded_adapters import (
+    full_adapter_state,
+    is_peft,
+    load_full_adapter_state,
+)
 from grpocli.trainer.sharding import (
     full_optimizer_state,
     full_state,
@@ -101,8 +107,9 @@ def _write(run: RunDir, tmp: Path, *, accelerator: Any, model: Any, tokenizer: A
 
 
 def _write_sharded(tmp: Path, main: bool, *, model: Any, optimizer: Any, reference: Any) -> None:
-    """An FSDP2 policy (and reference) written whole by the main process: gathered a tensor at a time."""
-    weights = full_state(model, keep=main)
+    """An FSDP2 policy (and reference) written whole by the main process: gathered a tensor at a time
+    (a peft policy: its adapters only, the files an unsharded LoRA run writes)."""
+    weights = full_adapter_state(model, keep=main) if is_peft(model) else full_state(model, keep=main)
     if main:
         _save_model(model, tmp, state_dict=weights)
     del weights
@@ -204,7 +211,12 @@ def _load(path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler
     unwrapped = accelerator.unwrap_model(model)
     optim = torch.load(path / "trainer" / "optimizer.pt", weights_only=False)
     if is_sharded(unwrapped):  # every process reads the whole files and keeps its shard
-        load_full_state(unwrapped, _read_weights(path))
+        if is_peft(unwrapped):  # a LoRA checkpoint: the adapters (a missing file is an OSError)
+            from safetensors.torch import load_file
+
+            load_full_adapter_state(unwrapped, load_file(path / "adapter_model.safetensors"))
+        else:
+            load_full_state(unwrapped, _read_weights(path))
         load_full_optimizer_state(unwrapped, optimizer, optim)
     else:
         load_weights(unwrapped, path)

@@ -58,13 +58,6 @@ def sharding_of(recipe: Any, accelerator: Any) -> str:
         raise UserError("train.sharding = 'fsdp2' and accelerate's DeepSpeed config both shard the model",
                         where="train.sharding", valid="one of them",
                         hint="drop train.sharding (DeepSpeed ZeRO shards), or launch without the DeepSpeed config")
-    if asked == FSDP2 and recipe.model.lora.enabled:
-        raise UserError(
-            "LoRA adapters under FSDP2 are not supported yet: syncing merged weights would merge "
-            "adapters into sharded DTensor weights (peft's merge_adapter), which grpo has not verified",
-            where="model.lora.enabled with train.sharding = 'fsdp2'", valid="one of them",
-            hint="LoRA trains few parameters: train.sharding=none (DDP) usually fits",
-        )
     return asked
 
 
@@ -184,3 +177,17 @@ def _inner(optimizer: Any) -> Any:
 
 __all__ = ["FSDP2", "even_passes", "full_optimizer_state", "full_state", "full_tensor", "idle_forward",
            "is_sharded", "load_full_optimizer_state", "load_full_state", "mark", "shard", "sharding_of"]
+
+
+# -- loops that generate: every process as many rounds --------------------------------------
+def any_process(model: Any, flag: bool) -> bool:
+    """Whether `flag` holds on any process (one all_reduce) when `model` is sharded, else `flag`:
+    a loop of generate calls (the turns of multi-turn rollouts) goes on while any process still
+    has work, because each call is a collective under FSDP2."""
+    if not is_sharded(model):
+        return flag
+    import torch.distributed as dist
+
+    value = torch.tensor([int(flag)], dtype=torch.int64, device=_device(model))
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

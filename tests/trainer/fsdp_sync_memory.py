@@ -1,23 +1,33 @@
-"""Peak memory of an FSDP2 weight sync, per process: `torchrun --nproc_per_node 2 THIS [LAYERS HIDDEN]`.
+"""Peak memory of an FSDP2 weight sync, per process: `torchrun --nproc_per_node 2 THIS [LAYERS HIDDEN [lora]]`.
 
 Shards a Qwen2 model over the processes (grpocli.trainer.sharding.shard), then syncs its weights
 twice, as the two backends do: every process walks them (a colocated engine each), and the main
 one packs 8 MiB buckets (the HTTP bodies `grpo vllm-serve` takes) while the others take part.
 Prints one JSON line per process and sync: the growth of its peak RSS over its RSS before the
 sync (Linux: /proc/self/clear_refs resets the peak), and the model's whole size.
+
+With `lora` the model is a peft LoRA model (r 8 on every linear layer, lora_B drawn at random so
+that merging changes the weights) before it is sharded: `policy_weights` merges the adapters into
+the DTensor shards (peft's merge_adapter), and the line also holds what a third sync sent,
+compared with `merge_and_unload()` of the same model unsharded (`merged_max_diff`, over the
+names in both; `names_differ`: names in one only), how far the merge moves the weights
+(`merge_moves`), and how far the sharded base weights are from the unsharded ones after the
+unmerge (`unmerge_drift`: peft's W + d - d, rounding only).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
 
 
 def _kib(field: str) -> int:
-    for line in open("/proc/self/status", encoding="utf-8"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
+    with open("/proc/self/status", encoding="utf-8") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     raise KeyError(field)
 
 
@@ -26,21 +36,33 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def main(layers: int, hidden: int) -> None:
+def _model(layers: int, hidden: int, lora: bool):
+    """The same model on every process (seeded): a Qwen2 of the given size, LoRA-wrapped when asked."""
     import torch
-    import torch.distributed as dist
-    from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from grpocli.generation.weights import buckets, pack_bucket, policy_weights
-    from grpocli.trainer.sharding import shard
-
-    acc = Accelerator(cpu=True)
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=4096, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=8,
                          num_key_value_heads=8, intermediate_size=4 * hidden, tie_word_embeddings=True)
-    model = shard(AutoModelForCausalLM.from_config(config), acc)
-    whole = sum(p.numel() * 4 for p in model.parameters())
+    model = AutoModelForCausalLM.from_config(config)
+    if not lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # peft starts lora_B at 0 (a merge would change nothing)
+                param.normal_(0.0, 0.05)
+    return model
+
+
+def _sync_peaks(model, main: bool) -> dict:
+    """Peak RSS growth of a colocated sync (every process walks the weights) and of a server sync."""
+    import torch.distributed as dist
+
+    from grpocli.generation.weights import buckets, pack_bucket, policy_weights
+
     results = {}
     for mode in ("every_process", "main_sends"):
         dist.barrier()
@@ -50,17 +72,59 @@ def main(layers: int, hidden: int) -> None:
         with policy_weights(model) as weights:
             if mode == "every_process":
                 received = sum(t.numel() for _, t in weights)
-            elif acc.is_main_process:
+            elif main:
                 received = sum(len(pack_bucket(b)) for b in buckets(weights.unique(), 8 * 2**20))
             else:
                 weights.take_part()
         results[mode] = {"peak_growth_mib": round((_kib("VmHWM") - before) / 1024, 1), "received": received}
         dist.barrier()
+    return results
+
+
+def _lora_checks(model, plain) -> dict:
+    """What a colocated sync of the sharded peft `model` sends against `plain` (the same model,
+    unsharded) merged by peft's merge_and_unload; and the sharded base weights after the unmerge."""
+    from grpocli.generation.weights import policy_weights
+    from grpocli.trainer.sharding import full_state
+
+    initial = {name: t.clone() for name, t in plain.state_dict().items()}
+    expected = plain.merge_and_unload().state_dict()
+    with policy_weights(model) as weights:
+        sent = {name: t.clone() for name, t in weights}  # every process walks them: each gathers
+    common = sorted(set(sent) & set(expected))
+    after = full_state(model, keep=True)
+    base = [n for n in initial if "lora_" not in n]
+    clean = {n: n.removeprefix("base_model.model.").replace(".base_layer", "") for n in base}
+    return {
+        "names_differ": sorted(set(sent) ^ set(expected)),
+        "merged_max_diff": max((sent[n] - expected[n]).abs().max().item() for n in common),
+        "merge_moves": max((expected[clean[n]] - initial[n]).abs().max().item() for n in base),
+        "unmerge_drift": max((after[n] - initial[n]).abs().max().item() for n in initial),
+        "still_merged": any(getattr(m, "merged", False) for m in model.modules()),
+    }
+
+
+def main(layers: int, hidden: int, lora: bool = False) -> None:
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    from grpocli.trainer.sharding import shard
+
+    acc = Accelerator(cpu=True)
+    model = _model(layers, hidden, lora)
+    plain = copy.deepcopy(model) if lora else None  # the unsharded reference for the checks
+    model = shard(model, acc)
+    whole = sum(p.numel() * 4 for p in model.parameters())
+    results = _sync_peaks(model, acc.is_main_process)
+    if lora:
+        results["lora"] = _lora_checks(model, plain)
     line = json.dumps({"rank": acc.process_index, "whole_model_mib": round(whole / 2**20, 1), **results}) + "\n"
     os.write(1, line.encode())  # one write (< PIPE_BUF): the two ranks' lines never interleave
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:]]
-    main(*(args or [4, 512]))
+    args = sys.argv[1:]
+    lora = "lora" in args
+    sizes = [int(a) for a in args if a != "lora"]
+    main(*(sizes or [4, 512]), lora=lora)

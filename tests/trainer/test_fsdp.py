@@ -112,17 +112,120 @@ def test_fsdp_version_1_from_accelerate_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_configs_run_where_deepspeed_can(stage, tmp_path):
+    """accelerate reads each config as DeepSpeed ZeRO-`stage`; a GPU machine with deepspeed trains with it.
+
+    On CPU it cannot run through grpo (checked with deepspeed 0.19.8, README "Scale-out"): grpo opens
+    `Accelerator(cpu=True)` without CUDA, and accelerate then ignores ACCELERATE_USE_DEEPSPEED and
+    trains with DDP, exit 0 (accelerate/state.py: DeepSpeed only `if not cpu`).
+    """
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
     config = ROOT / f"configs/deepspeed_zero{stage}.yaml"
-    assert f"zero_stage: {stage}" in config.read_text()
+    loaded = load_config_from_file(str(config))
+    assert loaded.distributed_type == DistributedType.DEEPSPEED
+    assert loaded.deepspeed_config["zero_stage"] == stage and not loaded.use_cpu
     if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (pip install deepspeed; it needs a CUDA toolkit to build "
-                    "its ops, and accelerate uses DeepSpeed on GPUs only: with --cpu it falls back to DDP)")
+        pytest.skip("deepspeed is not installed (`DS_BUILD_OPS=0 pip install deepspeed` installs it on CPU too, "
+                    "but grpo uses DeepSpeed on GPUs only: see the next skip)")
     import torch
 
     if torch.cuda.device_count() < 1:
-        pytest.skip("accelerate runs DeepSpeed on GPUs only (its CPU launch ignores distributed_type DEEPSPEED)")
+        pytest.skip("no GPU: grpo opens Accelerator(cpu=True) on CPU, where accelerate ignores the DeepSpeed "
+                    "config and trains with DDP instead (README: Scale-out)")
     cmd = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "1",
            "-m", "grpocli.cli.app", "train", "quickstart", *FAST, f"train.output_dir={tmp_path}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(RunDir(tmp_path).read_metrics()) == 2
+
+
+# -- LoRA under FSDP2 -----------------------------------------------------------------------
+LORA = "model.lora.enabled=true"
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp-lora")
+    return {"ddp": _train(root / "ddp", LORA), "fsdp2": _train(root / "fsdp2", LORA, "train.sharding=fsdp2"),
+            "root": root}
+
+
+@pytest.mark.slow
+def test_fsdp2_lora_metrics_match_ddp_and_only_adapters_train(lora_runs):
+    import torch
+
+    _assert_close(lora_runs["fsdp2"], lora_runs["ddp"])
+    assert [m["step"] for m in lora_runs["fsdp2"]] == [1, 2, 3]
+    assert all(m["grad_norm"] > 0 for m in lora_runs["fsdp2"])  # it trained
+    resolved = (lora_runs["root"] / "fsdp2" / "config.resolved.toml").read_text()
+    assert 'sharding = "fsdp2"' in resolved
+    # under FSDP2 optimizer.pt is keyed by parameter names: the adapters are all that trains
+    optim = torch.load(lora_runs["root"] / "fsdp2/checkpoints/step-3/trainer/optimizer.pt", weights_only=False)
+    names = list(optim["state"])
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names), names[:4]
+
+
+def _files(checkpoint: Path) -> list[str]:
+    return sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file())
+
+
+def _adapter_config(checkpoint: Path) -> dict:
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    config["target_modules"] = sorted(config["target_modules"])  # peft writes a set: any order
+    return config
+
+
+@pytest.mark.slow
+def test_fsdp2_lora_checkpoint_is_the_unsharded_one_and_resume_is_exact(lora_runs):
+    import torch
+    from safetensors.torch import load_file
+
+    ddp, run = lora_runs["root"] / "ddp/checkpoints/step-3", lora_runs["root"] / "fsdp2/checkpoints/step-3"
+    assert _files(run) == _files(ddp)  # the same files: peft's adapters, no model.safetensors
+    assert "adapter_model.safetensors" in _files(run) and "model.safetensors" not in _files(run)
+    assert _adapter_config(run) == _adapter_config(ddp)
+    want, got = load_file(ddp / "adapter_model.safetensors"), load_file(run / "adapter_model.safetensors")
+    assert set(want) == set(got)
+    for name, tensor in want.items():
+        assert tensor.shape == got[name].shape
+        assert (tensor - got[name]).abs().max() < 1e-5, name
+    assert any(t.abs().max() > 0 for n, t in got.items() if "lora_B" in n)  # trained (peft starts B at 0)
+    # as if killed after step 2's checkpoint: resume under FSDP2 loads the adapters and continues exactly
+    crashed = lora_runs["root"] / "crashed"
+    shutil.copytree(lora_runs["root"] / "fsdp2", crashed)
+    shutil.rmtree(crashed / "checkpoints/step-3")
+    resumed = _train(crashed, LORA, "train.sharding=fsdp2")
+    assert [m["step"] for m in resumed] == [1, 2, 3]
+    for x, y in zip(resumed, lora_runs["fsdp2"]):
+        for key in COMPARED:
+            assert x[key] == y[key], (x["step"], key)  # exact, not merely close
+    again = load_file(crashed / "checkpoints/step-3/adapter_model.safetensors")
+    assert all(torch.equal(again[n], got[n]) for n in got)
+
+
+@pytest.mark.slow
+def test_lora_weight_sync_sends_the_merged_weights_one_tensor_at_a_time():
+    """peft's merge_adapter works on the DTensor shards: what a sync sends equals merge_and_unload()
+    of the same adapters unsharded, the unmerge leaves the base weights as they were (rounding), and
+    no process holds a second whole copy."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("peak RSS cannot be reset here (/proc/self/clear_refs is Linux only)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           str(ROOT / "tests/trainer/fsdp_sync_memory.py"), "4", "512", "lora"]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    print(*lines, sep="\n")
+    assert len(lines) == 2
+    for line in lines:
+        lora = line["lora"]
+        assert lora["names_differ"] == [], lora  # the base model's names, lm_head (tied) included
+        assert lora["merged_max_diff"] < 1e-5, lora
+        assert lora["merge_moves"] > 1e-3, lora  # the adapters did change what was sent
+        assert lora["unmerge_drift"] < 1e-5 and not lora["still_merged"], lora
+        whole = line["whole_model_mib"]
+        assert line["every_process"]["peak_growth_mib"] < 0.75 * whole, line
+        assert line["main_sends"]["peak_growth_mib"] < 0.75 * whole, line
+
