@@ -27,6 +27,7 @@ import torch
 from grpocli.algorithms import overlong_penalty, zero_spread_groups
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Sampling
+from grpocli.generation.weights import policy_weights
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import mix_state
@@ -292,7 +293,8 @@ class Loop:
         if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
             s.reference.refresh(policy, a.ref_sync_alpha)
         else:
-            mix_state(s.reference, policy.state_dict(), a.ref_sync_alpha)
+            with policy_weights(policy) as weights:  # LoRA: adapters merged, peft names cleaned; FSDP2: shards
+                mix_state(s.reference, dict(weights.entries), a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
     def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tiny_runs import TINY_MODEL
@@ -47,3 +49,28 @@ def test_reference_refresh_every_ref_sync_steps_optimizer_steps(tmp_path, monkey
         "algorithm.ref_sync_steps=3", "algorithm.ref_sync_alpha=1.0", f"train.output_dir={tmp_path / 'run'}",
     ]))
     assert refreshed == [3, 6]
+
+
+def test_lora_reference_refresh_mixes_the_merged_policy(tmp_path, monkeypatch):
+    """With LoRA the reference is a plain model: a refresh (alpha 1) makes it the policy with its
+    adapters merged (peft's names and unmerged base weights would not fit it)."""
+    checked: list[int] = []
+    original = Loop.maybe_refresh_reference
+
+    def spy(self):
+        original(self)
+        if self.s.state.step % 2 == 0:
+            policy = self.s.accelerator.unwrap_model(self.s.model)
+            expected = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge
+            for name, tensor in self.s.reference.state_dict().items():
+                assert torch.allclose(tensor, expected[name], atol=1e-6), name
+            lora_b = [t for name, t in policy.state_dict().items() if "lora_B" in name]
+            assert any(t.abs().max() > 0 for t in lora_b)  # the adapters moved: merging changes weights
+            checked.append(self.s.state.step)
+
+    monkeypatch.setattr(Loop, "maybe_refresh_reference", spy)
+    train(load_recipe("quickstart", [
+        *FAST, "train.steps=2", "algorithm.beta=0.05", "model.lora.enabled=true", "train.learning_rate=0.01",
+        "algorithm.ref_sync_steps=2", "algorithm.ref_sync_alpha=1.0", f"train.output_dir={tmp_path / 'run'}",
+    ]))
+    assert checked == [2]
