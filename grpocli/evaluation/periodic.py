@@ -5,7 +5,8 @@ up front, so a wrong split fails before training starts), decides when one is du
 (grpocli.trainer.cadence.is_due) and calls `run(step)` after it has synced weights to its
 generation backend; the returned ``eval/...`` metrics go into metrics.jsonl and the samples
 into eval/step-N-<split>/. Under several processes each samples its share of the prompts and
-the records are gathered before summarizing. Sampling runs under ``torch.random.fork_rng``
+the records are gathered before summarizing; the shares may differ by a prompt (or be empty), so
+under FSDP2 the 'hf' backend evens the number of generate calls (grpocli.generation.hf). Sampling runs under ``torch.random.fork_rng``
 seeded by train.seed + step, so evaluating does not change the training run's random stream.
 It samples with [eval]'s temperature, top_p and max_tokens where set, else [generation]'s.
 """

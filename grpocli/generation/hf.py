@@ -1,4 +1,10 @@
-"""Generation with transformers' `generate` on the training model itself (no weight sync needed)."""
+"""Generation with transformers' `generate` on the training model itself (no weight sync needed).
+
+Under FSDP2 (grpocli.trainer.sharding) every forward pass is a collective: transformers'
+`synced_gpus` keeps the processes together inside one `generate` call, and `generate_ids` makes
+every process take part in the same number of calls, each with the same passes (a process with
+fewer prompts, or none, makes dummy calls on one token whose results are dropped).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Any
 import torch
 
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
+from grpocli.trainer.sharding import even_passes, idle_forward, is_sharded
 
 
 class HFBackend(PromptEncoder):
@@ -35,21 +42,28 @@ class HFBackend(PromptEncoder):
         pass
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        return self.generate_ids(self.encode_prompts(prompts), n, sampling)
+        """n completions of each prompt; no prompts: none (under FSDP2 the call still takes part)."""
+        return self.generate_ids(self.encode_prompts(prompts) if prompts else [], n, sampling)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
-        """n completions of each prompt given as token ids (multi-turn rollouts continue from them)."""
+        """n completions of each prompt given as token ids (multi-turn rollouts continue from them).
+        Sharded model: as many generate calls as the process with the most (`even_passes`; None
+        marks a dummy call), so a process with fewer prompts, or none, keeps the others going."""
         eos = _eos_ids(self.tokenizer, self.model)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         per_call = max(1, self.batch_size // n)  # prompts per generate call
+        chunks = even_passes(self.model, [prompt_ids[s : s + per_call] for s in range(0, len(prompt_ids), per_call)])
         completions: list[list[int]] = []  # [B*G] prompt-major
         truncated: list[bool] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(prompt_ids), per_call):
-                for seq in self._generate_chunk(prompt_ids[start : start + per_call], n, sampling, eos, pad):
+            for chunk in chunks:
+                if chunk is None:
+                    self._idle_generate(eos, pad)
+                    continue
+                for seq in self._generate_chunk(chunk, n, sampling, eos, pad):
                     cut, trunc = _cut_at_eos(seq, eos)
                     completions.append(cut)
                     truncated.append(trunc)
@@ -67,12 +81,28 @@ class HFBackend(PromptEncoder):
             attention[i, width - len(row) :] = 1
         device = next(self.model.parameters()).device
         input_ids, attention = input_ids.to(device), attention.to(device)
-        cache = self._prefill(input_ids, attention, n) if self.share_prefill and width > 1 else None
+        cache = None
+        if self.share_prefill and width > 1:
+            cache = self._prefill(input_ids, attention, n)
+        elif self.share_prefill and is_sharded(self.model):
+            idle_forward(self.model)  # FSDP2: one prefill pass per call on every process, as _idle_generate
         out = self.model.generate(
             input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention.repeat_interleave(n, 0),
             past_key_values=cache, **self._sampling_kwargs(s, eos, pad),
         )  # [b*n, Tp + Tc]
         return out[:, width:].tolist()
+
+    def _idle_generate(self, eos: list[int], pad: int) -> None:
+        """Take part in one generate call of the other processes (FSDP2) without a prompt of its
+        own: the same passes as `_generate_chunk` (a prefill pass where it makes one, then generate,
+        which synced_gpus keeps going until every process is done), on one token, greedy (the
+        random stream is not touched), the result dropped."""
+        if self.share_prefill:
+            idle_forward(self.model)
+        device = next(self.model.parameters()).device
+        ids = torch.full((1, 1), pad, dtype=torch.long, device=device)  # [1, 1]
+        self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=1,
+                            eos_token_id=eos, pad_token_id=pad, use_cache=True)
 
     def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor, n: int) -> Any:
         """The KV cache of every prompt but its last token, computed once, repeated n times."""
@@ -87,18 +117,11 @@ class HFBackend(PromptEncoder):
         return cache
 
     def _sampling_kwargs(self, s: Sampling, eos: list[int], pad: int) -> dict[str, Any]:
-        kwargs: dict[str, Any] = dict(
-            do_sample=True,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k or None,
-            min_p=s.min_p or None,
-            repetition_penalty=s.repetition_penalty,
-            max_new_tokens=s.max_tokens,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            use_cache=True,
-        )
+        kwargs: dict[str, Any] = {
+            "do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or None,
+            "min_p": s.min_p or None, "repetition_penalty": s.repetition_penalty, "max_new_tokens": s.max_tokens,
+            "eos_token_id": eos, "pad_token_id": pad, "use_cache": True,
+        }
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
         return kwargs

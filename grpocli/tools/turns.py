@@ -12,6 +12,10 @@ without EOS or the completion budget (generation.max_completion_length: model an
 together) runs out (truncated), or after multi_turn.max_turns model turns. The completion is
 the exact token ids the engine produced with the tool turns spliced in as tokens, and a mask
 marks the model's own tokens (1) apart from the tool turns' (0): only the former enter the loss.
+
+Under FSDP2 with the 'hf' backend every generate call is a collective: the loop goes on while a
+rollout of any process is live (one all_reduce a turn), and a process without one makes empty
+calls (the backend's dummy passes) until the others are done.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from grpocli.tools.execution import Outcome, run_turn
 from grpocli.tools.parsers import TOOL_CALL_PARSERS, ToolCall
 from grpocli.tools.template import ToolTurns, render_with_tools
 from grpocli.tools.toolbox import Toolbox
+from grpocli.trainer.sharding import any_process
 
 
 @dataclass
@@ -108,26 +113,26 @@ class TurnLoop:
         prompt_ids = self.prompts(rows, envs, n)
         state = [_Rollout() for _ in envs]
         stats = TurnStats(rollouts=len(state))
+        model = getattr(backend, "model", None)  # FSDP2-sharded ('hf'): each generate call is a collective
         live, contexts, count = list(range(len(state))), prompt_ids, n
         with_logprobs = False
         for turn in range(1, self.section.max_turns + 1):
-            room = max(self.budget - len(state[i].ids) for i in live)
+            if turn > 1 and not any_process(model, bool(live)):
+                break  # no live rollout (sharded: on any process; one without takes part in empty calls)
+            room = max((self.budget - len(state[i].ids) for i in live), default=1)
             out = backend.generate_ids(contexts, count, replace(sampling, max_tokens=room))
-            with_logprobs = out.logprobs is not None
+            with_logprobs = out.logprobs is not None if live else with_logprobs
             for k, i in enumerate(live):
                 lp = out.logprobs[k] if with_logprobs else None
                 self.take_turn(state[i], out.completion_ids[k], lp, out.truncated[k], turn)
             stats.turns += len(live)
             pending = [i for i in live if state[i].calls]
-            if not pending:
-                break
-            outcomes = run_turn([state[i].calls for i in pending], [self.toolbox.functions(envs[i]) for i in pending],
-                                self.section.tool_timeout)
-            for i, done in zip(pending, outcomes, strict=True):
-                self.take_results(state[i], done, stats)
+            if pending:
+                outcomes = run_turn([state[i].calls for i in pending],
+                                    [self.toolbox.functions(envs[i]) for i in pending], self.section.tool_timeout)
+                for i, done in zip(pending, outcomes, strict=True):
+                    self.take_results(state[i], done, stats)
             live = [i for i in pending if not state[i].done]
-            if not live:
-                break
             contexts, count = [prompt_ids[i // n] + state[i].ids for i in live], 1
         stats.final = sum(1 for r in state if r.messages and r.done and not r.truncated
                           and "tool_calls" not in r.messages[-1])
