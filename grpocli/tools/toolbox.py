@@ -105,11 +105,7 @@ def environment_methods(env: Any) -> list[str]:
 def check_combinations(recipe: Any) -> None:
     """Options that work single-turn but not with multi-turn rollouts (yet): refused with why."""
     g, why = recipe.generation, None
-    if g.backend == "vllm-server":
-        why = ("generation.backend",
-               "the vllm-server client generates from prompt strings only; a turn continues from token ids",
-               "generation.backend = \"vllm\" (colocated) or \"hf\"")
-    elif g.async_steps:
+    if g.async_steps:
         why = ("generation.async_steps",
                "generating ahead would need the turn loop (tools included) in the background prefetcher",
                "generation.async_steps = 0")

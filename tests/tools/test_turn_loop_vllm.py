@@ -31,6 +31,39 @@ def test_engine_and_trainer_logprobs_agree_on_a_multi_turn_sample():
         conv = echo_loop(r, tok).sample(backend, ROWS, r.generation.num_generations, SAMPLING)
     finally:
         backend.close()
+    assert_engine_agrees(conv, model)
+
+
+def test_multi_turn_on_a_vllm_server(tmp_path):
+    """generation.backend = "vllm-server": the server continues each rollout from token ids, with
+    the same agreement as the colocated engine."""
+    from vllm_serve_process import Server
+
+    from grpocli.generation.vllm_client import VllmServerBackend
+    from grpocli.models import save_model
+
+    torch.manual_seed(0)
+    base = recipe()
+    model, tok = chatty_model(base)
+    save_model(model, tok, tmp_path / "chatty")
+    server = Server(tmp_path / "chatty", tmp_path / "server.log", api_key=None,
+                    max_model_len=base.data.max_prompt_length + base.generation.max_completion_length)
+    try:
+        server.wait()
+        r = recipe("generation.backend='vllm-server'", f"vllm.server_url='{server.url}'")
+        backend = VllmServerBackend(model, tok, vllm_section=r.vllm, max_prompt_length=r.data.max_prompt_length)
+        try:
+            conv = echo_loop(r, tok).sample(backend, ROWS, r.generation.num_generations, SAMPLING)
+        finally:
+            backend.close()
+    finally:
+        server.stop()
+    assert_engine_agrees(conv, model)
+
+
+def assert_engine_agrees(conv, model) -> None:
+    """The engine's log-probs of the model's own tokens equal the trainer's on the spliced
+    sequences; tool tokens have none and no loss; several turns were spliced."""
     assert conv.generated.logprobs is not None
     assert max(sum(1 for m in msgs if m["role"] == "assistant") for msgs in conv.messages) >= 2
     rollouts = Rollouts(rows=ROWS, prompt_ids=conv.generated.prompt_ids, completion_ids=conv.generated.completion_ids,

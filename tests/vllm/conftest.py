@@ -64,73 +64,7 @@ def reference_logprobs():
     return hf_logprobs
 
 
-API_KEY = "test-key-123"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """A real `grpo vllm-serve` subprocess on 127.0.0.1 (a free port), started with an API key
-    (``api_key=None``: without one, as TRL's client needs: it sends none)."""
-
-    def __init__(self, model_dir, log_path, api_key: str | None = API_KEY, env: dict | None = None) -> None:
-        import subprocess
-        import sys
-
-        self.model_dir, self.port, self.key = str(model_dir), _free_port(), api_key
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", self.model_dir,
-             "--port", str(self.port), "--dtype", "float32", "--max-model-len", "256",
-             *(["--api-key", self.key] if self.key else [])],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
-
-    def wait(self, timeout: float = 180.0) -> None:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"grpo vllm-serve exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2).read()
-                return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"grpo vllm-serve did not answer within {timeout} s:\n{self.tail()}")
-
-    def tail(self, n: int = 3000) -> str:
-        self.log.flush()
-        return open(self.log_path).read()[-n:]
-
-    def stop(self) -> None:
-        import subprocess
-        import urllib.request
-
-        if self.proc.poll() is None:
-            try:
-                req = urllib.request.Request(self.url + "/close", data=b"{}", method="POST",
-                                             headers={"Authorization": f"Bearer {self.key or ''}",
-                                                      "Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=10).read()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-        self.log.close()
+from vllm_serve_process import API_KEY, Server, free_port as _free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session")
