@@ -75,6 +75,10 @@ def run_eval(
     count = num_prompts if num_prompts is not None else ev.num_prompts
     count = len(dataset) if count in (0, None) else min(count, len(dataset))
     root = _eval_root(output_dir or ev.output_dir, targets, resolved)
+    if r.tools or r.multi_turn.environment:  # evaluation is single-turn: say so, not silently
+        notes.print("note: the recipe trains with tools ([[tools]] / multi_turn.environment); grpo eval "
+                    "samples single-turn completions without them, so its scores are of answers written "
+                    "without tool calls")
     summaries: dict[str, dict[str, Any]] = {}
     for target in targets:
         for note in (target.note, models[target.label].note):

@@ -146,3 +146,11 @@ def test_checkpoint_model_section(tmp_path):
     assert model_section_for(model, Target("step-1", tmp_path, None)).tokenizer is None
     base = model_section_for(model, Target("base", None, None))
     assert base.name_or_path == "tiny" and not base.lora.enabled
+
+
+def test_eval_of_a_tools_recipe_says_it_samples_without_the_tools(checkpoint, capsys):
+    from grpocli.evaluation.comparison import run_eval
+
+    run_eval("quickstart", [*OVERRIDES, 'tools=[{name="calculator"}]'], checkpoints=[str(checkpoint)], n=2,
+             k="1", num_prompts=2, console=Console(file=io.StringIO(), width=120))
+    assert "samples single-turn completions without them" in capsys.readouterr().err
