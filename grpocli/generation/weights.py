@@ -146,13 +146,29 @@ class PolicyWeights:
 def policy_weights(model: Any, dtype: torch.dtype | None = None) -> Iterator[PolicyWeights]:
     """The policy's weights (PolicyWeights), with LoRA adapters merged in while this is open."""
     peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
-    if peft:
-        model.merge_adapter()
-    try:
-        yield PolicyWeights(model, peft, dtype)
-    finally:
+    with zero3_gathered(model):  # DeepSpeed ZeRO-3: the partitioned parameters whole while open
         if peft:
-            model.unmerge_adapter()
+            model.merge_adapter()
+        try:
+            yield PolicyWeights(model, peft, dtype)
+        finally:
+            if peft:
+                model.unmerge_adapter()
+
+
+@contextmanager
+def zero3_gathered(model: Any) -> Iterator[None]:
+    """Under DeepSpeed ZeRO-3 (parameters carrying a `ds_id`), every parameter whole while open, on
+    every process (each must enter it: an all-gather per tensor); what changes inside is dropped on
+    exit. The whole model is held at once, as TRL's ds3_gather_for_generation does. Else nothing."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
 
 
 # -- specs ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "repetition_penalty": ("generation.repetition_penalty", ""),
     "generation_kwargs": ("generation.stop", "stop strings; other sampling keys are [generation] keys"),
     "cache_implementation": (None, "transformers' default cache"),
-    "ds3_gather_for_generation": (None, "DeepSpeed ZeRO-3 generation: not supported yet"),
+    "ds3_gather_for_generation": (None, "always on: ZeRO-3 weights are gathered whole for a weight sync (TRL's default)"),
     "use_transformers_continuous_batching": (None, "not supported"),
     "transformers_continuous_batching_config": (None, "not supported"),
     "use_transformers_paged": (None, "not supported"),

@@ -12,6 +12,11 @@ process reads them back and keeps its shard (a LoRA policy: its adapters only, a
 sharding, grpocli.trainer.sharded_adapters). Resume is exact (the same numbers, re-split); a
 checkpoint loads under any number of processes, and its model directory is a plain
 save_pretrained one for `grpo eval` and vLLM.
+
+Under DeepSpeed ZeRO-2/3 (grpocli.trainer.deepspeed) the model directory is the same, whole
+(ZeRO-3: gathered), and trainer/deepspeed/ holds DeepSpeed's own checkpoint (each process's
+optimizer and fp32 master-weight partitions; optimizer.pt only names it): resume is exact with the
+same number of processes and stage.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.rundir import RunDir, checkpoint_problems
+from grpocli.trainer.deepspeed import is_deepspeed, load_zero, save_zero
 from grpocli.trainer.sharded_adapters import (
     full_adapter_state,
     is_peft,
@@ -90,10 +96,12 @@ def _write(run: RunDir, tmp: Path, *, accelerator: Any, model: Any, tokenizer: A
     unwrapped = accelerator.unwrap_model(model)
     if is_sharded(unwrapped):  # every process takes part in the gathers; the main one writes
         _write_sharded(tmp, accelerator.is_main_process, model=unwrapped, optimizer=optimizer, reference=reference)
+    zero = save_zero(tmp, accelerator, model, _save_model)  # DeepSpeed: weights whole, ZeRO partitions
     if accelerator.is_main_process:
         if not is_sharded(unwrapped):
-            _save_model(unwrapped, tmp)
-            torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
+            if not zero:
+                _save_model(unwrapped, tmp)
+                torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
             if reference is not None:
                 from safetensors.torch import save_model
 
@@ -210,7 +218,9 @@ def _load(path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler
     state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
     unwrapped = accelerator.unwrap_model(model)
     optim = torch.load(path / "trainer" / "optimizer.pt", weights_only=False)
-    if is_sharded(unwrapped):  # every process reads the whole files and keeps its shard
+    if is_deepspeed(model):  # DeepSpeed's own files: weights and each process's partitions
+        load_zero(path, model)
+    elif is_sharded(unwrapped):  # every process reads the whole files and keeps its shard
         if is_peft(unwrapped):  # a LoRA checkpoint: the adapters (a missing file is an OSError)
             from safetensors.torch import load_file
 

@@ -65,19 +65,27 @@ class Session:
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.trainer.checkpoint import resume_point
+        from grpocli.trainer.deepspeed import (
+            accelerator_options,
+            describe,
+            whole_models,
+        )
+        from grpocli.trainer.deepspeed import configure as configure_deepspeed
         from grpocli.trainer.preflight import preflight
 
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
         resume_from = resume_point(run, r.train.resume, r.train.steps)
         checked = preflight(r)  # names first: a typo should not cost a model load
-        accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=r.train.mixed_precision,
+        accelerator = Accelerator(**accelerator_options(), mixed_precision=r.train.mixed_precision,
                                   log_with=r.log.report_to or None, project_dir=str(run.root))
+        zero_stage = configure_deepspeed(accelerator, r)  # None without DeepSpeed
         set_seed(r.train.seed)
         if r.train.torch_threads:
             torch.set_num_threads(r.train.torch_threads)
         dataset = checked.dataset
-        tokenizer, model, reference = _models(r)
+        with whole_models(accelerator):  # ZeRO-3 partitions them at prepare, not at load
+            tokenizer, model, reference = _models(r)
         prompts = RenderedPrompts(dataset, r.data, tokenizer)
         model, reference, optimizer, scheduler = _prepare(accelerator, r, model, reference)
         set_seed(r.train.seed + accelerator.process_index)  # each process samples differently
@@ -92,6 +100,8 @@ class Session:
             from grpocli.tools.turns import TurnLoop
 
             s.turns = TurnLoop(checked.toolbox, tokenizer, r)
+        if zero_stage is not None:
+            s.progress.note(describe(accelerator, model, zero_stage), always=accelerator.is_main_process)
         s._start(resume_from)
         return s
 
@@ -113,8 +123,9 @@ class Session:
             # applied (fp16 on CPU applies none)
             from grpocli.trainer.sharding import FSDP2, is_sharded
 
+            deepspeed = acc.state.deepspeed_plugin is not None  # DeepSpeed's own bf16/fp16, not autocast
             ran = {"num_processes": acc.num_processes,
-                   "mixed_precision": acc.mixed_precision if acc.native_amp else "no",
+                   "mixed_precision": acc.mixed_precision if acc.native_amp or deepspeed else "no",
                    "sharding": FSDP2 if is_sharded(acc.unwrap_model(self.model)) else "none"}
             self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
                                        encoding="utf-8")
@@ -199,14 +210,17 @@ def _models(r: Any) -> tuple[Any, Any, Any]:
 
 
 def _prepare(accelerator: Any, r: Any, model: Any, reference: Any) -> tuple[Any, Any, Any, Any]:
-    """The policy wrapped for data-parallel training (DDP, or FSDP2: grpocli.trainer.sharding), its
-    optimizer and schedule; under FSDP2 an in-process reference model is sharded the same way."""
+    """The policy wrapped for data-parallel training (DDP, FSDP2: grpocli.trainer.sharding, or DeepSpeed
+    from accelerate's config: grpocli.trainer.deepspeed), its optimizer and schedule; under FSDP2 and
+    ZeRO-3 an in-process reference model is sharded the same way."""
     from grpocli.trainer.sharding import FSDP2, mark, shard, sharding_of
 
     if sharding_of(r, accelerator) != FSDP2:
+        from grpocli.trainer.deepspeed import zero3_reference
+
         optimizer, scheduler = _optimizer(r, model)
         model, optimizer = accelerator.prepare(model, optimizer)
-        return model, reference, optimizer, scheduler
+        return model, zero3_reference(accelerator, reference), optimizer, scheduler
     if accelerator.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
         optimizer, scheduler = _optimizer(r, model)
         model, optimizer = accelerator.prepare(model, optimizer)

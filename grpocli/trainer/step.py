@@ -32,8 +32,8 @@ from grpocli.algorithms import (
 )
 from grpocli.algorithms.logprobs import differentiable_entropy
 from grpocli.trainer.batching import MicroBatch, OptimizerBatch
+from grpocli.trainer.deepspeed import even, idle, mark_boundary, needs_pass
 from grpocli.trainer.packing import model_attention_mask
-from grpocli.trainer.sharding import even_passes, idle_forward, is_sharded
 
 #: Sums accumulated over micro-batches and processes, turned into TRL's metric names.
 STAT_KEYS = ("tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "loss")
@@ -176,7 +176,7 @@ def optimizer_step(
     )
     # 2. forward + backward per micro-batch; a process with none still joins the gradient sync
     t0 = time.perf_counter()
-    micro_batches = even_passes(model, batch.micro_batches) or [None]  # FSDP2: as many passes everywhere
+    micro_batches = even(model, batch.micro_batches) or [None]  # FSDP2, DeepSpeed: as many passes everywhere
     for k, mb in enumerate(micro_batches):
         last = k == len(micro_batches) - 1
         with nullcontext() if last else accelerator.no_sync(model):
@@ -184,10 +184,12 @@ def optimizer_step(
                 loss, stats = _zero_loss(model), {}
             else:
                 loss, stats = micro_batch_loss(model, mb, s, norm, forward)
-            accelerator.backward(loss * norm.world_size)  # undo DDP's mean over processes
+            mark_boundary(accelerator, last)  # DeepSpeed: clips and steps after the last backward only
+            accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
         for key, value in stats.items():
             totals[key] += value
-    # 3. clip, then step unless the gradient is not finite
+    # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
+    #    which skips a non-finite update itself; clip_grad_norm_ and step only report and do nothing)
     t1 = time.perf_counter()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: a DTensor
@@ -234,18 +236,18 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 
 
 def _zero_loss(model: Any) -> torch.Tensor:
-    """A loss of 0 that still touches every parameter, so DDP's all-reduce happens (FSDP2: a pass)."""
-    if is_sharded(model):
-        return idle_forward(model)
+    """A loss of 0 that still touches every parameter, so DDP's all-reduce happens (FSDP2, DeepSpeed: a pass)."""
+    if needs_pass(model):
+        return idle(model)
     return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
 
 
 @torch.no_grad()
 def fill_logprobs(model: Any, micro_batches: list[MicroBatch], temperature: float, attr: str) -> None:
     """Store the log-probs of a frozen pass (old policy or reference) on each micro-batch."""
-    for mb in even_passes(model, micro_batches):
-        if mb is None:  # FSDP2: this process has fewer micro-batches than another
-            idle_forward(model)
+    for mb in even(model, micro_batches):
+        if mb is None:  # FSDP2, ZeRO-3: this process has fewer micro-batches than another
+            idle(model)
             continue
         logp, _ = sequence_logprobs(model, mb, temperature)
         setattr(mb, attr, logp.detach().cpu())

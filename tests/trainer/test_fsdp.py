@@ -1,8 +1,7 @@
-"""FSDP2 (train.sharding = "fsdp2") on 2 CPU processes over gloo, against DDP; DeepSpeed where it can run."""
+"""FSDP2 (train.sharding = "fsdp2") on 2 CPU processes over gloo, against DDP (DeepSpeed: test_deepspeed.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -108,36 +107,6 @@ def test_fsdp_version_1_from_accelerate_is_refused(monkeypatch):
         sharding_of(Recipe(), accelerator=None)
     monkeypatch.setenv("FSDP_VERSION", "2")
     assert sharding_of(Recipe(), accelerator=None) == "fsdp2"
-
-
-@pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_configs_run_where_deepspeed_can(stage, tmp_path):
-    """accelerate reads each config as DeepSpeed ZeRO-`stage`; a GPU machine with deepspeed trains with it.
-
-    On CPU it cannot run through grpo (checked with deepspeed 0.19.8, README "Scale-out"): grpo opens
-    `Accelerator(cpu=True)` without CUDA, and accelerate then ignores ACCELERATE_USE_DEEPSPEED and
-    trains with DDP, exit 0 (accelerate/state.py: DeepSpeed only `if not cpu`).
-    """
-    from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DistributedType
-
-    config = ROOT / f"configs/deepspeed_zero{stage}.yaml"
-    loaded = load_config_from_file(str(config))
-    assert loaded.distributed_type == DistributedType.DEEPSPEED
-    assert loaded.deepspeed_config["zero_stage"] == stage and not loaded.use_cpu
-    if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (`DS_BUILD_OPS=0 pip install deepspeed` installs it on CPU too, "
-                    "but grpo uses DeepSpeed on GPUs only: see the next skip)")
-    import torch
-
-    if torch.cuda.device_count() < 1:
-        pytest.skip("no GPU: grpo opens Accelerator(cpu=True) on CPU, where accelerate ignores the DeepSpeed "
-                    "config and trains with DDP instead (README: Scale-out)")
-    cmd = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "1",
-           "-m", "grpocli.cli.app", "train", "quickstart", *FAST, f"train.output_dir={tmp_path}"]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert len(RunDir(tmp_path).read_metrics()) == 2
 
 
 # -- LoRA under FSDP2 -----------------------------------------------------------------------

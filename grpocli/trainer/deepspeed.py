@@ -1,0 +1,250 @@
+"""DeepSpeed ZeRO-2/3 through accelerate's config (`accelerate launch --config_file
+configs/deepspeed_zero{2,3}.yaml ...`), on GPUs and on CPU (DeepSpeed's CPU accelerator, gloo).
+
+accelerate honours its DeepSpeed config only for `Accelerator(cpu=False)`, so `accelerator_options`
+opens it that way whenever the launch asks for DeepSpeed (on CPU with a gloo process group:
+`cpu=True` would silently train with DDP). `configure` fills the DeepSpeed config from the recipe
+before `prepare`: the micro-batch size (grpo prepares no DataLoader to read it from), gradient
+accumulation 1 (grpo accumulates over its own micro-batches and marks the last), the clip norm
+(train.max_grad_norm) and, under bf16, a non-finite check, so that a bad step is skipped.
+
+What changes for the step (grpocli.trainer.step): under ZeRO `no_sync` does nothing and accelerate's
+`backward` runs DeepSpeed's whole `engine.step()` (clip, optimizer step, zero_grad) whenever
+accelerate's `sync_gradients` is set, so `mark_boundary` sets it for the last micro-batch only;
+ZeRO reduces gradients in every backward (a collective), so every process runs as many passes
+(`even`: padded with idle passes as under FSDP2). Under ZeRO-3 every forward gathers parameters,
+so the frozen passes (old log-probs, a ZeRO-3 reference) are padded too, and HF generation keeps
+the processes together (transformers' `synced_gpus`, on under ZeRO-3).
+
+Elsewhere: checkpoints write the whole model plus DeepSpeed's own partitions (`save_zero`,
+`load_zero`: resume is exact); a weight sync to vLLM gathers ZeRO-3's partitions while it reads
+them (grpocli.generation.weights.zero3_gathered). Refused under ZeRO-3 (UserError): evaluation
+during training and multi-turn rollouts (a process could skip a generate call the others gather
+in) and a moving reference model (ref_sync_steps > 0).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from grpocli.errors import UserError
+from grpocli.trainer.sharding import even_passes, idle_forward, is_sharded
+
+#: The accelerate config keys a DeepSpeed launch reads from (for `where=` in errors).
+WHERE = "accelerate config (deepspeed_config)"
+
+
+def asked() -> bool:
+    """Whether the launch asks for DeepSpeed (`accelerate launch` with a DeepSpeed config sets this)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def accelerator_options() -> dict[str, Any]:
+    """Keyword arguments for `Accelerator(...)`: `cpu=True` without CUDA, except under DeepSpeed,
+    which accelerate applies only with `cpu=False` (on CPU: DeepSpeed's CPU accelerator over gloo)."""
+    if not asked():
+        return {"cpu": not torch.cuda.is_available()}
+    if importlib.util.find_spec("deepspeed") is None:
+        raise UserError("accelerate's config asks for DeepSpeed, which is not installed", where=WHERE,
+                        valid="deepspeed installed, or a config without DeepSpeed",
+                        hint="pip install deepspeed   (CPU only: DS_BUILD_OPS=0 pip install deepspeed)")
+    if torch.cuda.is_available():
+        return {"cpu": False}
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+
+
+def configure(accelerator: Any, recipe: Any) -> int | None:
+    """Fill accelerate's DeepSpeed config from the recipe before `prepare`; returns the ZeRO
+    stage (None without DeepSpeed). UserError for settings grpo's step cannot honour."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return None
+    cfg, t = plugin.deepspeed_config, recipe.train
+    stage = _stage(plugin)
+    if stage not in (2, 3):
+        raise UserError(f"DeepSpeed ZeRO stage {stage} is not supported by grpo's training step",
+                        where=f"{WHERE}: zero_stage", valid="2 or 3",
+                        hint="configs/deepspeed_zero2.yaml or configs/deepspeed_zero3.yaml")
+    _agree(cfg, "gradient_accumulation_steps", 1, "grpo accumulates over its micro-batches itself (train.micro_batch_size)")
+    _agree(cfg, "gradient_clipping", t.max_grad_norm, "set by train.max_grad_norm")
+    if cfg.get("train_micro_batch_size_per_gpu", "auto") == "auto":  # a figure DeepSpeed reports: grpo feeds its own
+        cfg["train_micro_batch_size_per_gpu"] = t.micro_batch_size or 1
+    for dtype in ("bf16", "fp16"):  # train.mixed_precision decides, as under DDP (accelerate's own setting does not)
+        cfg.setdefault(dtype, {})["enabled"] = t.mixed_precision == dtype
+    if t.mixed_precision == "bf16":
+        cfg["bf16"].setdefault("check_grad_overflow", True)  # a non-finite norm skips the update, as under DDP
+    if stage == 3:
+        _refuse_under_zero3(recipe)
+        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True  # whole checkpoints
+    return stage
+
+
+@contextmanager
+def whole_models(accelerator: Any) -> Iterator[None]:
+    """Models load whole inside (as under DDP: the same weights for a seed), unless the config sets
+    zero3_init_flag: transformers builds every model partitioned (deepspeed.zero.Init) whenever a
+    ZeRO-3 config is registered with it, which accelerate does at `Accelerator()`; registered again
+    after, so that generation keeps the processes in step (`synced_gpus`)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero3_init_flag:
+        yield
+        return
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
+
+
+def zero3_reference(accelerator: Any, reference: Any) -> Any:
+    """An in-process reference model under ZeRO-3: partitioned like the policy, in an engine without
+    an optimizer (TRL's `prepare_deepspeed`); each of its forwards is then a collective too."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or _stage(plugin) != 3 or not isinstance(reference, torch.nn.Module):
+        return reference
+    import copy
+
+    import deepspeed
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    config.pop("optimizer", None)
+    config.pop("scheduler", None)
+    engine, *_ = deepspeed.initialize(model=reference, config=config)
+    engine.eval()
+    return engine
+
+
+def describe(accelerator: Any, model: Any, stage: int) -> str:
+    """One line on what runs: the stage, processes, device, precision and (ZeRO-3) how many
+    parameter tensors are partitioned and how much of the policy this process holds."""
+    cfg = accelerator.state.deepspeed_plugin.deepspeed_config
+    precision = next((k for k in ("bf16", "fp16") if cfg.get(k, {}).get("enabled") is True), "fp32")
+    line = (f"DeepSpeed ZeRO-{stage} (accelerate config): {accelerator.num_processes} processes, "
+            f"{accelerator.device.type}, {precision}")
+    if stage == 3:
+        params = list(model.module.parameters())
+        whole = [bool(getattr(p, "ds_persist", False)) for p in params]  # persistent: kept gathered
+        held = sum(p.ds_numel if w else p.ds_tensor.numel() for p, w in zip(params, whole))
+        line += (f"; {whole.count(False)} of {len(params)} parameter tensors partitioned, this process holds "
+                 f"{held} of {sum(p.ds_numel for p in params)} elements")
+    return line
+
+
+def _stage(plugin: Any) -> int:
+    return int(plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def _agree(cfg: dict[str, Any], key: str, value: float, why: str) -> None:
+    """Set `key` to `value` where the config says 'auto' or nothing; UserError where it says otherwise."""
+    given = cfg.get(key, "auto")
+    if given != "auto" and float(given) != float(value):
+        raise UserError(f"the DeepSpeed config sets {key} = {given}; under grpo it is {value} ({why})",
+                        where=f"{WHERE}: {key}", valid=f"{value} or 'auto'",
+                        hint=f"drop {key} from the accelerate config (configs/deepspeed_zero2.yaml has none)")
+    cfg[key] = value
+
+
+def _refuse_under_zero3(recipe: Any) -> None:
+    """What grpo cannot do with ZeRO-3's partitioned parameters yet."""
+    if recipe.eval.every > 0:  # a process without eval prompts would skip generate calls the others gather in
+        raise UserError("evaluation during training is not supported under DeepSpeed ZeRO-3 yet",
+                        where="eval.every", valid="0 under ZeRO-3",
+                        hint="eval.every=0 and `grpo eval --checkpoint` afterwards, or ZeRO-2, or train.sharding=fsdp2")
+    if recipe.tools or recipe.multi_turn.environment is not None:  # turns differ per process: gathers would not match
+        raise UserError("multi-turn rollouts (tools, environment) are not supported under DeepSpeed ZeRO-3 yet",
+                        where="tools / multi_turn.environment", valid="single-turn recipes under ZeRO-3",
+                        hint="ZeRO-2 (configs/deepspeed_zero2.yaml), or train.sharding=fsdp2")
+    if recipe.algorithm.beta > 0 and recipe.algorithm.ref_sync_steps > 0:
+        raise UserError("a moving reference model (ref_sync_steps > 0) is not supported under DeepSpeed ZeRO-3",
+                        where="algorithm.ref_sync_steps", valid="0 under ZeRO-3",
+                        hint="algorithm.ref_sync_steps=0, or ZeRO-2 (configs/deepspeed_zero2.yaml)")
+
+
+# -- the model ------------------------------------------------------------------------------
+def is_deepspeed(model: Any) -> bool:
+    """Whether `model` is a DeepSpeed engine, or a module whose parameters ZeRO-3 partitions."""
+    return type(model).__name__ == "DeepSpeedEngine" or is_zero3(model)
+
+
+def is_zero3(model: Any) -> bool:
+    """Whether `model`'s parameters are ZeRO-3 partitions (each forward gathers them: a collective)."""
+    module = getattr(model, "module", model) if type(model).__name__ == "DeepSpeedEngine" else model
+    return any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def even(model: Any, items: list[Any]) -> list[Any]:
+    """`items` padded with None to the most any process has where every pass is a collective
+    (FSDP2; ZeRO-3's gathers; a DeepSpeed engine's backward, which reduces gradients)."""
+    if is_sharded(model) or not is_deepspeed(model):
+        return even_passes(model, items)
+    import torch.distributed as dist
+
+    count = torch.tensor([len(items)], dtype=torch.int64, device=next(model.parameters()).device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return list(items) + [None] * (int(count) - len(items))
+
+
+def needs_pass(model: Any) -> bool:
+    """Whether a process without work still runs a (1-token) forward: FSDP2 and DeepSpeed."""
+    return is_sharded(model) or is_deepspeed(model)
+
+
+def idle(model: Any) -> torch.Tensor:
+    """A forward pass with loss 0 (grpocli.trainer.sharding.idle_forward)."""
+    return idle_forward(model)
+
+
+def mark_boundary(accelerator: Any, last: bool) -> None:
+    """Under DeepSpeed, the backward about to run is the last of the step (DeepSpeed's clip and
+    optimizer step follow it) or not; accelerate reads its `sync_gradients` flag for this."""
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        accelerator.gradient_state._set_sync_gradients(last)
+
+
+__all__ = ["accelerator_options", "asked", "configure", "describe", "even", "idle", "is_deepspeed", "is_zero3",
+           "load_zero", "mark_boundary", "needs_pass", "save_zero", "whole_models", "zero3_reference"]
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+#: Inside step-N/trainer/: DeepSpeed's own checkpoint (each process's ZeRO partitions of the
+#: optimizer state and fp32 master weights), written and read by the engine.
+ZERO_DIR = "deepspeed"
+_TAG = "zero"
+
+
+def save_zero(tmp: Any, accelerator: Any, model: Any, save_model: Any) -> bool:
+    """Under DeepSpeed (every process calls it): the whole weights as a save_pretrained model (ZeRO-3:
+    gathered by accelerate's `get_state_dict`, a layer at a time), and trainer/deepspeed/ with every
+    process's partitions (ZeRO-2 holds the weights whole: written as under DDP); trainer/optimizer.pt
+    only names that folder. False (nothing written) otherwise."""
+    if not is_deepspeed(model):
+        return False
+    weights = accelerator.get_state_dict(model) if is_zero3(model) else None  # whole on the main process only
+    if accelerator.is_main_process:
+        save_model(accelerator.unwrap_model(model), tmp, state_dict=weights)
+        torch.save({"deepspeed": f"trainer/{ZERO_DIR}/{_TAG}"}, tmp / "trainer" / "optimizer.pt")
+    del weights
+    model.save_checkpoint(str(tmp / "trainer" / ZERO_DIR), tag=_TAG, save_latest=False)
+    return True
+
+
+def load_zero(path: Any, model: Any) -> None:
+    """Restore the weights and optimizer partitions DeepSpeed saved (`save_zero`): exact under the
+    same number of processes and ZeRO stage. A RuntimeError for a checkpoint without them."""
+    folder = path / "trainer" / ZERO_DIR
+    if not (folder / _TAG).is_dir():
+        raise RuntimeError(f"{folder}/{_TAG} is missing: the checkpoint was not written under DeepSpeed")
+    loaded, _ = model.load_checkpoint(str(folder), tag=_TAG, load_module_strict=False, load_optimizer_states=True,
+                                      load_lr_scheduler_states=False)
+    if loaded is None:
+        raise RuntimeError(f"DeepSpeed could not load {folder}/{_TAG}")

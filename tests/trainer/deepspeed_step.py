@@ -1,0 +1,70 @@
+"""One grpo optimizer step under DeepSpeed, on each process of `accelerate launch --config_file
+configs/deepspeed_zero{2,3}.yaml --num_processes 2 tests/trainer/deepspeed_step.py [no|bf16]`
+(test_deepspeed.py; under `torchrun --nproc_per_node 2` the same with DDP): a batch with a
+non-finite advantage is skipped (grad_norm inf, weights as they were), a finite one updates.
+Prints one JSON line per process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+from test_trainer_step import (  # this folder: the script's own (sys.path[0])
+    SETTINGS,
+    rollouts,
+)
+
+from grpocli.models import build_char_tokenizer, build_tiny_model
+from grpocli.recipe.schema import Recipe, TinyModel
+from grpocli.trainer.batching import OptimizerBatch, make_micro_batches
+from grpocli.trainer.deepspeed import accelerator_options, configure, whole_models
+from grpocli.trainer.step import LossSettings, optimizer_step
+
+
+def whole(model, acc) -> list[torch.Tensor]:
+    """Every parameter whole (ZeRO-3: gathered), as CPU copies."""
+    from grpocli.generation.weights import zero3_gathered
+
+    module = acc.unwrap_model(model)
+    with zero3_gathered(module):
+        return [p.detach().cpu().clone() for p in module.parameters()]
+
+
+def main() -> None:
+    precision = sys.argv[1] if len(sys.argv) > 1 else "no"
+    acc = Accelerator(**accelerator_options(), mixed_precision=precision)
+    stage = configure(acc, Recipe(train={"mixed_precision": precision}))
+    tok = build_char_tokenizer()
+    with whole_models(acc):  # the same initial weights under every stage
+        model = build_tiny_model(TinyModel(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64), tok, 0)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    settings = LossSettings(loss="dapo", **SETTINGS)
+    before = whole(model, acc)
+    bad = rollouts(tok, [float("inf"), -1, 1, 0.5, 1, -1, 0.5, -0.5])
+    skipped = optimizer_step(acc, model, opt, OptimizerBatch(make_micro_batches(bad, list(range(8)), pad_id=0,
+                                                                                max_sequences=4)),
+                             settings, max_grad_norm=1.0)
+    after_bad = whole(model, acc)
+    good = rollouts(tok, [1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5])
+    stepped = optimizer_step(acc, model, opt, OptimizerBatch(make_micro_batches(good, list(range(8)), pad_id=0,
+                                                                                max_sequences=4)),
+                             settings, max_grad_norm=1.0)
+    after_good = whole(model, acc)
+    line = json.dumps({
+        "rank": acc.process_index, "stage": stage, "precision": precision,
+        "bad": {"skipped": skipped["skipped"], "grad_norm_finite": math.isfinite(skipped["grad_norm"]),
+                "unchanged": all(torch.equal(a, b) for a, b in zip(before, after_bad))},
+        "good": {"skipped": stepped["skipped"], "grad_norm": stepped["grad_norm"],
+                 "changed": not all(torch.equal(a, b) for a, b in zip(after_bad, after_good))},
+    })
+    os.write(1, (line + "\n").encode())  # one write: the two processes' lines do not interleave
+    acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()  # no process leaves while another still talks to it
+
+
+if __name__ == "__main__":
+    main()
