@@ -48,6 +48,8 @@ def asked() -> bool:
 def accelerator_options() -> dict[str, Any]:
     """Keyword arguments for `Accelerator(...)`: `cpu=True` without CUDA, except under DeepSpeed,
     which accelerate applies only with `cpu=False` (on CPU: DeepSpeed's CPU accelerator over gloo)."""
+    if not torch.cuda.is_available():  # where deepspeed is installed, accelerate imports it (unwrap_model),
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # which would warn that it fell back to the CPU
     if not asked():
         return {"cpu": not torch.cuda.is_available()}
     if importlib.util.find_spec("deepspeed") is None:
