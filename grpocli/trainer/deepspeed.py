@@ -213,10 +213,6 @@ def mark_boundary(accelerator: Any, last: bool) -> None:
         accelerator.gradient_state._set_sync_gradients(last)
 
 
-__all__ = ["accelerator_options", "asked", "configure", "describe", "even", "idle", "is_deepspeed", "is_zero3",
-           "load_zero", "mark_boundary", "needs_pass", "save_zero", "whole_models", "zero3_reference"]
-
-
 # -- checkpoints ----------------------------------------------------------------------------
 #: Inside step-N/trainer/: DeepSpeed's own checkpoint (each process's ZeRO partitions of the
 #: optimizer state and fp32 master weights), written and read by the engine.
@@ -250,3 +246,7 @@ def load_zero(path: Any, model: Any) -> None:
                                       load_lr_scheduler_states=False)
     if loaded is None:
         raise RuntimeError(f"DeepSpeed could not load {folder}/{_TAG}")
+
+
+__all__ = ["accelerator_options", "asked", "configure", "describe", "even", "idle", "is_deepspeed", "is_zero3",
+           "load_zero", "mark_boundary", "needs_pass", "save_zero", "whole_models", "zero3_reference"]
