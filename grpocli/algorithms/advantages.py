@@ -6,16 +6,14 @@ they differ in the baseline (group mean, or leave-one-out mean) and in what they
 The scales follow TRL's `GRPOTrainer` (`scale_rewards` = "group" | "batch" | "none"): the
 *unbiased* standard deviation (`torch.std`, Bessel's correction) and `eps = 1e-4` added to it.
 
-Every entry of `ADVANTAGES` has the same signature,
+Every estimator (one entry each in grpocli.algorithms.variants.ADVANTAGES) has the same signature,
 `fn(rewards [B, G], eps=STD_EPS, *, components=None, weights=None) -> [B, G]`:
 `components [B, G, R]` are the R rewards' own (unweighted) values, None/NaN counted as 0, and
-`weights [R]` their recipe weights. Only the estimators named in `NEEDS_COMPONENTS` read them;
+`weights [R]` their recipe weights. Only the entries marked `needs_components` read them;
 the others take the weighted total `rewards` only and ignore both.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -159,20 +157,6 @@ def normalize_then_sum_advantages(
         raise ValueError(f"weights must have one entry per component ({r}), got {list(w.shape)}")
     normed = (values - values.mean(dim=1, keepdim=True)) / (_group_std(values) + eps)  # [B, G, R]
     return _whiten((normed * w).sum(dim=-1), eps)  # [B, G]
-
-
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
-    "group": group_scaled_advantages,
-    "batch": batch_scaled_advantages,
-    "none": centered_advantages,
-    "centered": centered_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "normalize_then_sum": normalize_then_sum_advantages,
-}
-
-#: The entries that read each reward's values (`components=`, `weights=`), not only the total.
-NEEDS_COMPONENTS = frozenset({"normalize_then_sum"})
 
 
 def zero_spread_groups(rewards: torch.Tensor, atol: float = 1e-6) -> torch.Tensor:

@@ -14,13 +14,12 @@ weighted by the ratio `exp(logp_trainer_old - logp_engine)`, bounded in one of T
 As in TRL, the log-ratio is zeroed outside `mask` and where it is NaN (an engine log-prob that is
 missing), so such tokens have ratio 1 (and add 0 to a sequence's sum).
 
-`IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]` picks the function.
+`grpocli.algorithms.variants.IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]` names the function.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -77,7 +76,7 @@ def sequence_truncate(
     """Sequence-level truncated IS: `clamp(exp(sum_t (old - engine)), clip_min, clip_max)`, `[N, 1]`.
 
     TRL's `"sequence_truncate"`: the sequence-level ratio of Liu, Li et al., "When Speed Kills
-    Stability" (2025), truncated as in Yao et al.'s TIS (2025).
+    Stability" (2025, https://richardli.xyz/rl-collapse), truncated as in Yao et al.'s TIS (2025).
     """
     ratio = _log_ratio(old_logp, engine_logp, mask).sum(dim=-1, keepdim=True).exp()  # [N, 1]
     return _truncate(ratio, clip_min, clip_max)
@@ -96,27 +95,6 @@ def sequence_mask(
     """
     ratio = _log_ratio(old_logp, engine_logp, mask).sum(dim=-1, keepdim=True).exp()  # [N, 1]
     return _mask_outside(ratio, clip_min, clip_max)
-
-
-ImportanceFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None, float | None], torch.Tensor]
-
-#: TRL's `vllm_importance_sampling_mode` names -> weights (`[N, T]` token modes, `[N, 1]` sequence modes).
-IMPORTANCE_SAMPLING_MODES: dict[str, ImportanceFn] = {
-    "token_truncate": token_truncate,
-    "token_mask": token_mask,
-    "sequence_truncate": sequence_truncate,
-    "sequence_mask": sequence_mask,
-}
-
-
-def truncated_importance_weights(
-    old_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """`min(exp(old_logp - engine_logp), cap)` per token: `[N, T]`, `[N, T]` -> `[N, T]`.
-
-    Kept for callers of the earlier API: `token_truncate` with every token in the mask, no lower bound.
-    """
-    return token_truncate(old_logp, engine_logp, torch.ones_like(old_logp), None, cap)
 
 
 def mismatch_sums(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

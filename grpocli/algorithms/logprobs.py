@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from grpocli.algorithms.packing import Rows, model_attention_mask
+
 #: Token positions per block; one float32 block holds `chunk_tokens * vocab_size * 4` bytes.
 DEFAULT_CHUNK_TOKENS = 1024
 
@@ -115,40 +117,26 @@ def differentiable_entropy(logits: torch.Tensor, temperature: float = 1.0) -> to
     return -(logp.exp() * logp).sum(-1)
 
 
-def logprobs_from_model(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    logits_to_keep: int,
-    temperature: float = 1.0,
-    position_ids: torch.Tensor | None = None,
-    with_entropy: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+def sequence_logprobs(
+    model: Any, rows: Rows, temperature: float, *, with_entropy: bool = False, entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of the last `logits_to_keep` tokens of each row under a causal LM.
-
-    `input_ids [N, L]` (prompt + completion; left-padded prompts and right-padded completions as
-    TRL lays them out), `attention_mask [N, L]`. Returns `(logp [N, K], entropy [N, K] | None)`
-    with `K = logits_to_keep` and `logp[:, j] = log p(input_ids[:, L-K+j] | input_ids[:, :L-K+j])`
-    at the given sampling temperature, as TRL's `_get_per_token_logps_and_entropies`.
-
-    Packed rows (several sequences per row): pass `position_ids` restarting at 0 for each
-    sequence and `attention_mask=None`; transformers then keeps attention inside each sequence.
-    Use `logits_to_keep = L - 1` and select completion tokens with a mask over `[:, 1:]`.
-    Without `position_ids` positions count from the first column, padding included (as in TRL);
-    rotary models do not notice the shift, absolute-position models (GPT-2) do: for those pass
-    `(attention_mask.cumsum(-1) - 1).clamp(min=0)`, which is what `generate` uses.
-    """
-    length = input_ids.shape[1]
-    if not 1 <= logits_to_keep < length:
-        raise ValueError(f"logits_to_keep must be in [1, {length - 1}] for rows of {length} tokens")
-    kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
-    if position_ids is not None:
-        kwargs["position_ids"] = position_ids
-    # One extra position: the logit at position i scores the token at i + 1.
-    logits = model(**kwargs, logits_to_keep=logits_to_keep + 1).logits[:, :-1, :]  # [N, K, V]
-    labels = input_ids[:, -logits_to_keep:]  # [N, K]
-    logp = token_logprobs(logits, labels, temperature, chunk_tokens)
-    entropy = token_entropy(logits, temperature, chunk_tokens) if with_entropy else None
+    """Log-probs of every completion token of `rows` (grpocli.algorithms.packing, any layout),
+    `[n, T]`, 0 where `rows.loss_mask` is 0 (and the entropy there, with gradient where
+    `entropy_grad`), from one forward pass; logits only where a token is scored (`logits_to_keep`
+    = `rows.logit_index`), so the vocabulary projection skips prompt positions."""
+    device = next(model.parameters()).device
+    mask = model_attention_mask(model, rows.attention_mask)
+    logits = model(
+        input_ids=rows.input_ids.to(device), position_ids=rows.position_ids.to(device),
+        attention_mask=mask.to(device) if mask is not None else None,
+        logits_to_keep=rows.logit_index.to(device), use_cache=False,
+    ).logits                                                       # [r, K, V] in the model's dtype
+    index = rows.token_index.to(device)                            # [n, T] into the r*K scored tokens
+    real = rows.loss_mask.to(device) > 0                           # [n, T]
+    logp = token_logprobs(logits, rows.labels.to(device), temperature).flatten()[index]
+    logp = logp.masked_fill(~real, 0.0)                            # [n, T]
+    entropy = None
+    if with_entropy:
+        entropy_of = differentiable_entropy if entropy_grad else token_entropy
+        entropy = entropy_of(logits, temperature).flatten()[index].masked_fill(~real, 0.0)  # [n, T]
     return logp, entropy

@@ -37,6 +37,6 @@ def train(
         preflight(resolved.recipe)
         typer.echo(to_toml(resolved.recipe))
         return
-    from grpocli.trainer.launch import launch
+    from grpocli.launch.launcher import launch
 
     launch(resolved, overrides or [])

@@ -93,11 +93,11 @@ def sample_and_score(
 ) -> list[dict[str, Any]]:
     """Records of N completions for each rendered row (rows carry ``prompt_text``), scored;
     ``state`` is the trainer_state rewards receive (TRL's keyword), what they log_extra lands
-    in each record's ``extra``. No rows: no records; a backend on an FSDP2-sharded model still
-    makes its (empty) generate call, which the other processes' calls need (every pass gathers)."""
+    in each record's ``extra``. No rows: no records; a lockstep backend (grpocli.generation.base)
+    still makes its (empty) generate call, which the other processes' calls need."""
     n = settings.n
     if not rows:
-        if takes_part(backend):
+        if backend.lockstep:
             backend.generate([], n, sampling)
         return []
     generated = backend.generate([row["prompt_text"] for row in rows], n, sampling)  # [B*N]
@@ -125,14 +125,6 @@ def sample_and_score(
                if scores.logged.columns else {}),
         })
     return records
-
-
-def takes_part(backend: Any) -> bool:
-    """Whether the backend generates with an FSDP2-sharded model (the 'hf' backend under
-    train.sharding = "fsdp2"): then each of its generate calls is a collective."""
-    from grpocli.trainer.sharding import is_sharded
-
-    return is_sharded(getattr(backend, "model", None))
 
 
 def summarize(samples: list[dict[str, Any]], settings: EvalSettings) -> dict[str, float | None]:

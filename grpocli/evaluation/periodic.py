@@ -2,11 +2,12 @@
 
 The training loop opens one `PeriodicEval` (it loads and renders this process's eval prompts
 up front, so a wrong split fails before training starts), decides when one is due
-(grpocli.trainer.cadence.is_due) and calls `run(step)` after it has synced weights to its
+(grpocli.trainer.state.is_due) and calls `run(step)` after it has synced weights to its
 generation backend; the returned ``eval/...`` metrics go into metrics.jsonl and the samples
 into eval/step-N-<split>/. Under several processes each samples its share of the prompts and
 the records are gathered before summarizing; the shares may differ by a prompt (or be empty), so
-under FSDP2 the 'hf' backend evens the number of generate calls (grpocli.generation.hf). Sampling runs under ``torch.random.fork_rng``
+a lockstep backend (the 'hf' backend under FSDP2) evens the number of generate calls
+(grpocli.generation.hf). Sampling runs under ``torch.random.fork_rng``
 seeded by train.seed + step, so evaluating does not change the training run's random stream.
 It samples with [eval]'s temperature, top_p and max_tokens where set, else [generation]'s.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.evaluation.evaluator import (
@@ -26,15 +27,20 @@ from grpocli.evaluation.evaluator import (
     summarize,
 )
 from grpocli.evaluation.records import eval_dir, write_eval
+from grpocli.parallel import Parallel
+from grpocli.rewards import RewardFn
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import Recipe
 
 
 @dataclass
 class PeriodicEval:
-    recipe: Any
+    recipe: Recipe
     tokenizer: Any
     backend: Any              # the training run's generation backend (generate)
-    reward_fns: list
-    accelerator: Any          # None: one process
+    reward_fns: list[RewardFn]
+    parallel: Parallel        # the training processes (Parallel.alone(): one)
     run_root: Path | None     # where eval/step-N-<split>/ is written (None: nowhere)
     rows: list[dict[str, Any]]  # this process's rendered eval prompts
     indices: list[int]        # their indices in the split
@@ -48,7 +54,7 @@ class PeriodicEval:
         return self.recipe.eval.split_for(self.recipe.data.eval_split)
 
     @classmethod
-    def open(cls, recipe: Any, *, tokenizer: Any, backend: Any, reward_fns: list, accelerator: Any,
+    def open(cls, recipe: Recipe, *, tokenizer: Any, backend: Any, reward_fns: list[RewardFn], parallel: Parallel,
              run_root: Path | None) -> PeriodicEval | None:
         """Load and render this process's eval prompts; None when eval.every is 0."""
         ev = recipe.eval
@@ -63,10 +69,9 @@ class PeriodicEval:
         split = ev.split_for(recipe.data.eval_split)
         dataset = load_dataset_for(recipe.data, load_plugins().datasets, split, recipe.train.seed)
         count = len(dataset) if ev.num_prompts == 0 else min(ev.num_prompts, len(dataset))
-        rank, world = (0, 1) if accelerator is None else (accelerator.process_index, accelerator.num_processes)
-        indices = list(range(count))[rank::world]
+        indices = list(range(count))[parallel.rank::parallel.size]
         prompts = RenderedPrompts(dataset, recipe.data, tokenizer)
-        return cls(recipe, tokenizer, backend, reward_fns, accelerator, run_root,
+        return cls(recipe, tokenizer, backend, reward_fns, parallel, run_root,
                    [prompts[i] for i in indices], indices)
 
     def run(self, step: int) -> dict[str, float]:
@@ -78,7 +83,7 @@ class PeriodicEval:
         samples = self._gather(self._sample(settings, sampling, seed=r.train.seed + step, step=step))
         metrics = summarize(samples, settings)
         seconds = time.perf_counter() - t0
-        if self._is_main() and self.run_root is not None:
+        if self.parallel.main and self.run_root is not None:
             summary = {"label": f"step-{step}", "step": step, "split": self.split, "n": settings.n,
                        "k": list(settings.k), "success_threshold": settings.success_threshold,
                        "success_reward": settings.success_reward, "sampling": asdict(sampling),
@@ -102,15 +107,10 @@ class PeriodicEval:
                                     combination=r.algorithm.reward_combination, indices=self.indices,
                                     state=trainer_state(global_step=step, max_steps=r.train.steps))
 
-    def _is_main(self) -> bool:
-        return self.accelerator is None or self.accelerator.is_main_process
-
     def _gather(self, samples: list[dict]) -> list[dict]:
-        if self.accelerator is None or self.accelerator.num_processes == 1:
+        if self.parallel.size == 1:
             return samples
-        from accelerate.utils import gather_object
-
-        return sorted(gather_object(samples), key=lambda s: (s["prompt_index"], s["sample"]))
+        return sorted(self.parallel.gather_rows(samples), key=lambda s: (s["prompt_index"], s["sample"]))
 
 
 def check_engine_length(recipe: Any, sampling: Any) -> None:

@@ -47,6 +47,7 @@ class PromptEncoder:
 
     tokenizer: Any
     max_prompt_length: int
+    lockstep = False  # GenerationBackend.lockstep: engines generate on their own
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
@@ -54,6 +55,10 @@ class PromptEncoder:
 
 
 class GenerationBackend(Protocol):
+    #: Every process must make as many generate calls, because each is a collective (the 'hf'
+    #: backend on a model whose forwards are: FSDP2, ZeRO-3); a process without prompts still calls.
+    lockstep: bool
+
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         """Sample n completions for each prompt string (already chat-templated)."""
         ...

@@ -1,9 +1,10 @@
 """Generation with transformers' `generate` on the training model itself (no weight sync needed).
 
-Under FSDP2 (grpocli.trainer.sharding) every forward pass is a collective: transformers'
-`synced_gpus` keeps the processes together inside one `generate` call, and `generate_ids` makes
-every process take part in the same number of calls, each with the same passes (a process with
-fewer prompts, or none, makes dummy calls on one token whose results are dropped).
+Where every forward pass is a collective (FSDP2, ZeRO-3: the parallel strategy's
+`forward_collective`), transformers' `synced_gpus` keeps the processes together inside one
+`generate` call, and `generate_ids` makes every process take part in the same number of calls,
+each with the same passes (a process with fewer prompts, or none, makes dummy calls on one token
+whose results are dropped).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import torch
 
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
-from grpocli.trainer.sharding import even_passes, idle_forward, is_sharded
+from grpocli.parallel import Parallel
+from grpocli.parallel.strategy import idle_forward
 
 
 class HFBackend(PromptEncoder):
@@ -28,8 +30,10 @@ class HFBackend(PromptEncoder):
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, batch_size: int = 64,
-                 share_prefill: bool = True) -> None:
+                 share_prefill: bool = True, parallel: Parallel | None = None) -> None:
         self.model = model
+        self.parallel = parallel or Parallel.alone()
+        self.lockstep = self.parallel.forward_collective  # each generate call is a collective
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.batch_size = batch_size  # completions per generate call (whole groups, at least one)
@@ -42,18 +46,18 @@ class HFBackend(PromptEncoder):
         pass
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        """n completions of each prompt; no prompts: none (under FSDP2 the call still takes part)."""
+        """n completions of each prompt; no prompts: none (where forwards are collectives the call still takes part)."""
         return self.generate_ids(self.encode_prompts(prompts) if prompts else [], n, sampling)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
         """n completions of each prompt given as token ids (multi-turn rollouts continue from them).
-        Sharded model: as many generate calls as the process with the most (`even_passes`; None
-        marks a dummy call), so a process with fewer prompts, or none, keeps the others going."""
+        Collective forwards: as many generate calls as the process with the most (`forward_passes`;
+        None marks a dummy call), so a process with fewer prompts, or none, keeps the others going."""
         eos = _eos_ids(self.tokenizer, self.model)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         per_call = max(1, self.batch_size // n)  # prompts per generate call
-        chunks = even_passes(self.model, [prompt_ids[s : s + per_call] for s in range(0, len(prompt_ids), per_call)])
+        chunks = self.parallel.forward_passes([prompt_ids[s : s + per_call] for s in range(0, len(prompt_ids), per_call)])
         completions: list[list[int]] = []  # [B*G] prompt-major
         truncated: list[bool] = []
         was_training = self.model.training
@@ -84,8 +88,8 @@ class HFBackend(PromptEncoder):
         cache = None
         if self.share_prefill and width > 1:
             cache = self._prefill(input_ids, attention, n)
-        elif self.share_prefill and is_sharded(self.model):
-            idle_forward(self.model)  # FSDP2: one prefill pass per call on every process, as _idle_generate
+        elif self.share_prefill and self.lockstep:
+            idle_forward(self.model)  # one prefill pass per call on every process, as _idle_generate
         out = self.model.generate(
             input_ids=input_ids.repeat_interleave(n, 0), attention_mask=attention.repeat_interleave(n, 0),
             past_key_values=cache, **self._sampling_kwargs(s, eos, pad),
@@ -93,7 +97,7 @@ class HFBackend(PromptEncoder):
         return out[:, width:].tolist()
 
     def _idle_generate(self, eos: list[int], pad: int) -> None:
-        """Take part in one generate call of the other processes (FSDP2) without a prompt of its
+        """Take part in one generate call of the other processes (collective forwards) without a prompt of its
         own: the same passes as `_generate_chunk` (a prefill pass where it makes one, then generate,
         which synced_gpus keeps going until every process is done), on one token, greedy (the
         random stream is not touched), the result dropped."""

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from grpocli.parallel import Parallel
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
@@ -245,7 +246,8 @@ class VllmServerBackend(PromptEncoder):
     sent to every server when it opens."""
 
     def __init__(self, model: Any, tokenizer: Any, *, vllm_section: Any, max_prompt_length: int,
-                 transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 parallel: Parallel | None = None) -> None:
         from grpocli.generation.fleet import ServerFleet
 
         v = vllm_section
@@ -256,6 +258,7 @@ class VllmServerBackend(PromptEncoder):
         self.info = self.fleet.wait_until_ready()
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
+        self.parallel = parallel or Parallel.alone()
         self.dtype = dtype_from_name(self.info["dtype"])
         self.transport = (transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT")
                           or _default_transport(model, self.info))
@@ -276,17 +279,14 @@ class VllmServerBackend(PromptEncoder):
 
     def sync_weights(self, model: Any) -> None:
         """Main process: send the weights to every server (the spec first, once); everyone: wait for it."""
-        state = _partial_state()
-        if state is None or state.is_main_process:
-            with policy_weights(model, self.dtype) as weights:
+        with policy_weights(model, self.dtype, self.parallel) as weights:
+            if self.parallel.main:
                 self.last_sync = self.fleet.update_weights(weights, check=not self.checked, transport=self.transport,
                                                            max_bytes=self.bucket_bytes)
-            self.checked = True
-        else:
-            with policy_weights(model, self.dtype) as weights:
+                self.checked = True
+            else:
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
-        if state is not None and state.num_processes > 1:
-            state.wait_for_everyone()
+        self.parallel.wait()
 
     def metrics(self) -> dict[str, float]:
         """vllm/servers, vllm/servers_dropped, vllm/prompts_resent with several servers; else {}."""
@@ -313,14 +313,6 @@ def _default_transport(model: Any, info: dict[str, Any]) -> str:
     except (StopIteration, AttributeError):
         on_gpu = False
     return "nccl" if on_gpu and "nccl" in info["transports"] else "http"
-
-
-def _partial_state() -> Any:
-    try:
-        from accelerate import PartialState
-    except ImportError:
-        return None
-    return PartialState() if PartialState._shared_state else None
 
 
 __all__ = ["ServerClient", "ServerUnavailable", "VllmServerBackend", "request_seeds"]

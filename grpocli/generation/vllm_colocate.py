@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from grpocli.parallel import Parallel
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
@@ -205,7 +206,7 @@ def sampled_logprobs(completion: Any) -> list[float]:
     return out
 
 
-def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path) -> Path:
+def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path, parallel: Parallel | None = None) -> Path:
     """The policy as a checkpoint vLLM can start from: config, tokenizer, and the weights that
     `sync_weights` sends (LoRA adapters merged, peft names cleaned, FSDP2 shards gathered one
     tensor at a time). Every training process writes its own copy for its own engine, so neither
@@ -218,7 +219,7 @@ def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path) -> Path
     base.config.save_pretrained(directory)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(directory)
-    with policy_weights(model) as weights:  # every process walks the same tensors (FSDP2 gathers)
+    with policy_weights(model, parallel=parallel) as weights:  # every process walks the same tensors (FSDP2 gathers)
         tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights.unique()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(directory, save_jinja_files=False)
@@ -229,7 +230,7 @@ class VllmColocateBackend(PromptEncoder):
     """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
-                 vllm_section: Any, dtype: str = "auto", seed: int = 0) -> None:
+                 vllm_section: Any, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None) -> None:
         import torch
 
         v = vllm_section
@@ -237,10 +238,11 @@ class VllmColocateBackend(PromptEncoder):
         prepare_vllm_environment(kv_cache_gb=v.kv_cache_gb, in_process=True, threads=torch.get_num_threads())
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
+        self.parallel = parallel
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         tmp = tempfile.mkdtemp(prefix="grpo-vllm-", dir=shm)
         try:
-            write_engine_copy(model, tokenizer, tmp)
+            write_engine_copy(model, tokenizer, tmp, parallel)
             self.engine = VllmEngine(
                 tmp, dtype=dtype, max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
@@ -259,7 +261,7 @@ class VllmColocateBackend(PromptEncoder):
 
     def sync_weights(self, model: Any) -> None:
         t0 = time.perf_counter()
-        with policy_weights(model, self.engine.dtype) as weights:
+        with policy_weights(model, self.engine.dtype, self.parallel) as weights:
             if not self.checked:
                 problems = spec_problems(self.engine.spec, weights.specs())
                 if problems and self.engine.spec:

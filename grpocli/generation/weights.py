@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from grpocli.parallel import Parallel
+
 #: Bucket size unless the caller picks one (verl and open-instruct use 0.5-1 GiB buckets).
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 #: safetensors dtype codes -> torch dtype names.
@@ -77,7 +79,7 @@ class PolicyWeights:
     iteration still yields them, because vLLM's CPU backend refreshes a tied lm_head only when it
     is loaded too (a receiver repeats the tensor under its alias).
 
-    An FSDP2 policy (grpocli.trainer.sharding) holds DTensor shards: iteration gathers each whole
+    An FSDP2 policy (grpocli.parallel.fsdp2) holds DTensor shards: iteration gathers each whole
     tensor when it is reached (a collective), so every process must walk the same tensors in the
     same order: all of them iterate (a colocated engine each), or one sends while the others call
     `take_part()`. No process holds more than one whole tensor beyond what the receiver keeps
@@ -143,10 +145,11 @@ class PolicyWeights:
 
 
 @contextmanager
-def policy_weights(model: Any, dtype: torch.dtype | None = None) -> Iterator[PolicyWeights]:
-    """The policy's weights (PolicyWeights), with LoRA adapters merged in while this is open."""
+def policy_weights(model: Any, dtype: torch.dtype | None = None, parallel: Parallel | None = None) -> Iterator[PolicyWeights]:
+    """The policy's weights (PolicyWeights), with LoRA adapters merged in while this is open, whole
+    as the parallel strategy makes them (DeepSpeed ZeRO-3 gathers its partitions; default: one process)."""
     peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
-    with zero3_gathered(model):  # DeepSpeed ZeRO-3: the partitioned parameters whole while open
+    with (parallel or Parallel.alone()).whole_weights(model):
         if peft:
             model.merge_adapter()
         try:
@@ -154,21 +157,6 @@ def policy_weights(model: Any, dtype: torch.dtype | None = None) -> Iterator[Pol
         finally:
             if peft:
                 model.unmerge_adapter()
-
-
-@contextmanager
-def zero3_gathered(model: Any) -> Iterator[None]:
-    """Under DeepSpeed ZeRO-3 (parameters carrying a `ds_id`), every parameter whole while open, on
-    every process (each must enter it: an all-gather per tensor); what changes inside is dropped on
-    exit. The whole model is held at once, as TRL's ds3_gather_for_generation does. Else nothing."""
-    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
-    if not params:
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        yield
 
 
 # -- specs ---------------------------------------------------------------------------------

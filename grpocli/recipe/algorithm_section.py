@@ -11,16 +11,21 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from grpocli.algorithms.variants import ADVANTAGES, KL_ESTIMATORS, LOSSES, described, loss_aliases
 from grpocli.recipe.section import Section
 
-#: verl's loss_agg_mode names, accepted where they coincide with ours.
-LOSS_ALIASES = {
-    "seq-mean-token-mean": "grpo",
-    "token-mean": "dapo",
-    "seq-mean-token-sum-norm": "dr_grpo",
-}
-LossName = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
-KlName = Literal["k1", "k2", "k3", "abs", "kl", "mse", "low_var_kl", "full"]
+#: Other names accepted for a loss (verl's loss_agg_mode names, where they coincide with ours).
+LOSS_ALIASES = loss_aliases()
+#: The names grpocli.algorithms.variants declares: one entry per variant.
+LossName = Literal[tuple(LOSSES)]
+AdvantageName = Literal[tuple(ADVANTAGES)]
+KlName = Literal[tuple(KL_ESTIMATORS)]
+
+
+def _loss_description() -> str:
+    losses = "; ".join(f"{name}: {'clipped surrogate, ' if e.clipped else ''}{e.summary}" for name, e in LOSSES.items())
+    return (f"The loss (TRL's loss_type): its per-token objective and how it is aggregated. {losses}. "
+            f"verl names accepted: {', '.join(LOSS_ALIASES)}.")
 
 
 class OverlongPenalty(Section):
@@ -31,30 +36,8 @@ class OverlongPenalty(Section):
 
 
 class AlgorithmSection(Section):
-    loss: LossName = Field(
-        "dapo",
-        description="The loss (TRL's loss_type): its per-token objective and how it is aggregated. "
-        "Clipped surrogate with: grpo (mean of per-sequence token means; DeepSeekMath), bnpo (token "
-        "mean per micro-batch; TRL), dr_grpo (sum / (max_completion_length x sequences); Dr. GRPO), "
-        "dapo (token mean over the batch; DAPO, TRL's default), luspo (per-sequence token sums, mean "
-        "over sequences; LUSPO, with importance_sampling_level = 'sequence'). Other objectives: cispo "
-        "(clipped importance weight x A x logp, token mean; MiniMax-M1), sapo (soft sigmoid gate, "
-        "grpo's aggregation; SAPO), vespo (gamma-weighted sequence ratio, token mean; VESPO). verl "
-        "names accepted: seq-mean-token-mean, token-mean, seq-mean-token-sum-norm.",
-    )
-    advantage_scale: Literal[
-        "group", "batch", "none", "centered", "rloo", "reinforce_pp", "normalize_then_sum"
-    ] = Field(
-        "group",
-        description="Advantage estimator. group: (r - group mean) / group std (DeepSeekMath GRPO; TRL "
-        "scale_rewards='group'); batch: (r - group mean) / std of all rewards (TRL 'batch'); none: "
-        "r - group mean (Dr. GRPO; TRL 'none'); centered: the same numbers as none under "
-        "open-instruct's name (advantage_normalization_type='centered'); rloo: r - mean of the "
-        "group's other rewards (RLOO, TRL's RLOOTrainer); reinforce_pp: r - group mean, then "
-        "whitened over the batch (REINFORCE++ baseline, verl's reinforce_plus_plus_baseline); "
-        "normalize_then_sum: each reward normalized in its group, weighted sum, whitened over the "
-        "batch (GDPO; needs reward_combination = 'sum').",
-    )
+    loss: LossName = Field("dapo", description=_loss_description())
+    advantage_scale: AdvantageName = Field("group", description=f"Advantage estimator. {described(ADVANTAGES)}.")
     epsilon_low: float = Field(0.2, ge=0.0, le=10.0, description="Lower clip: ratio >= 1 - epsilon_low.")
     epsilon_high: float = Field(
         0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + epsilon_high (DAPO: 0.28). For cispo "
@@ -75,11 +58,7 @@ class AlgorithmSection(Section):
     )
     num_iterations: int = Field(1, ge=1, le=64, description="Updates per generation batch (mu).")
     beta: float = Field(0.0, ge=0.0, description="KL coefficient; 0 loads no reference model.")
-    kl_estimator: KlName = Field(
-        "k3", description="KL estimator: Schulman's k1, k2, k3 (DeepSeekMath, TRL) or abs; verl's names "
-        "kl (= k1), mse (= k2) and low_var_kl (k3 clamped to [-10, 10], verl's GRPO default); verl's "
-        "'full' is recognised and refused, as verl's own loss-side KL refuses it."
-    )
+    kl_estimator: KlName = Field("k3", description=f"KL estimator. {described(KL_ESTIMATORS)}.")
     kl_importance_correction: bool = Field(
         False, description="Multiply the KL term by the importance ratio (TRL 1.16's "
         "use_bias_correction_kl, on by default there). false: the KL term as DeepSeekMath and verl add it."

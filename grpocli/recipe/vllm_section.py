@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from grpocli.algorithms.variants import IMPORTANCE_SAMPLING_MODES, described
 from grpocli.recipe.section import Section
 
-ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+ImportanceSamplingMode = Literal[tuple(IMPORTANCE_SAMPLING_MODES)]
 
 
 class VllmSection(Section):
@@ -38,10 +39,7 @@ class VllmSection(Section):
     importance_sampling_mode: ImportanceSamplingMode = Field(
         "token_truncate",
         description="How the ratio exp(trainer old log-prob - engine log-prob) weights the loss (TRL's "
-        "vllm_importance_sampling_mode): 'token_truncate' per-token ratio clamped to [clip_min, clip_max] "
-        "(ours, the default); 'token_mask' per-token ratio, 0 outside the bounds; 'sequence_truncate' / "
-        "'sequence_mask' one ratio per completion from the summed log-ratio, clamped / 0 outside the bounds. "
-        "TRL's default is 'sequence_mask' with clip_max 3.0.",
+        f"vllm_importance_sampling_mode). {described(IMPORTANCE_SAMPLING_MODES)}.",
     )
     importance_sampling_clip_max: float | None = Field(
         2.0, gt=0.0,
@@ -103,8 +101,8 @@ class VllmSection(Section):
             raise ValueError(
                 f"importance_sampling_clip_min ({lo}) must be less than importance_sampling_clip_max ({hi})"
             )
-        truncate = self.importance_sampling_mode.endswith("_truncate")
-        if self.importance_sampling_correction and truncate and lo is None and hi is None:
+        clamps = IMPORTANCE_SAMPLING_MODES[self.importance_sampling_mode].clamps
+        if self.importance_sampling_correction and clamps and lo is None and hi is None:
             raise ValueError(
                 f"importance_sampling_mode = {self.importance_sampling_mode!r} clamps the ratio: set "
                 "importance_sampling_clip_max or importance_sampling_clip_min (or use a '*_mask' mode)"

@@ -10,7 +10,7 @@ mixing.py   ref = alpha * policy + (1 - alpha) * ref over each tensor once (tied
 host.py     the server's model on one thread: log-prob batches under a token budget, weight updates
             (mixes) that stream in bucket by bucket, timeouts, health
 app.py      the HTTP routes (FastAPI + uvicorn), the API key; run_server(), which the CLI calls
-client.py   the trainer's side: fill a slice's ref_logp, push a refresh, save / restore the weights
+client.py   the trainer's side: a slice's reference log-probs, a refresh, saving / restoring the weights
             for checkpoints; standard-library HTTP only
 
 Nothing here imports vLLM: the server needs transformers and torch (and fastapi + uvicorn).

@@ -1,7 +1,8 @@
 """algorithm.reference = "server": the trainer's side of `grpo ref-serve`.
 
 ``Session.reference`` is a ``ReferenceClient`` then, not a model: phase 5 of the loop calls
-``fill`` (one request per optimizer slice and process, the server batches what arrives together),
+``micro_batch_logprobs`` (one request per optimizer slice and process, the server batches what
+arrives together),
 the refresh of ``ref_sync_steps`` calls ``refresh`` (the main process streams the policy's weights
 in buckets, the server mixes them into its own: the trainer never holds the reference weights),
 and checkpoints save and restore the moving reference through ``state_dict`` / ``load_state_dict``
@@ -21,11 +22,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpocli.errors import UserError
+from grpocli.parallel import Parallel
 from grpocli.generation.vllm_client import refusal_detail, send
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
@@ -34,6 +36,9 @@ from grpocli.generation.weights import (
     pack_bucket,
     policy_weights,
 )
+
+if TYPE_CHECKING:
+    from grpocli.recipe.algorithm_section import AlgorithmSection
 
 PROTOCOL_VERSION = 1  # grpocli.reference.app.PROTOCOL_VERSION (not imported: the server needs fastapi)
 KEY_ENV = "GRPO_REF_API_KEY"
@@ -45,15 +50,17 @@ class ReferenceClient:
     """A `grpo ref-serve` standing in for the reference model (module docstring)."""
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, parallel: Parallel | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout, self.api_key, self.bucket_bytes = timeout, api_key, bucket_bytes
+        self.parallel = parallel or Parallel.alone()  # which training process sends, and waiting for it
         self.info: dict[str, Any] = {}
 
     @classmethod
-    def connect(cls, section: Any) -> ReferenceClient:
-        """Wait for the server of ``section.reference_url`` ([algorithm]) and check that it is one."""
-        client = cls(section.reference_url, timeout=section.reference_timeout, api_key=os.environ.get(KEY_ENV))
+    def connect(cls, algorithm: AlgorithmSection, parallel: Parallel | None = None) -> ReferenceClient:
+        """Wait for the server of [algorithm]'s reference_url and check that it is one."""
+        client = cls(algorithm.reference_url, timeout=algorithm.reference_timeout, api_key=os.environ.get(KEY_ENV),
+                     parallel=parallel)
         client.wait_until_ready()
         if client.info.get("weights_version") or client.info.get("damaged"):
             print(f"warning: the reference server at {client.url} holds weights changed by "
@@ -113,9 +120,9 @@ class ReferenceClient:
                 "temperature": temperature}
         return self.call("POST", "/logprobs", body)["logprobs"]
 
-    def fill(self, part: Any, micro_batches: list[Any], temperature: float, attr: str = "ref_logp") -> None:
-        """Set ``attr`` `[n, T]` on each micro-batch of ``part`` (a Rollouts) as fill_logprobs would:
-        the log-prob of each completion token, 0 where the loss mask is 0."""
+    def micro_batch_logprobs(self, part: Any, micro_batches: tuple[Any, ...], temperature: float) -> tuple[torch.Tensor, ...]:
+        """The reference log-probs `[n, T]` of each micro-batch of ``part`` (a trainer Rollouts), as
+        the in-process reference pass gives them: each completion token's, 0 where the loss mask is 0."""
         g = part.group_size
         groups: list[tuple[int, list[list[int]]]] = []  # consecutive completions of one group share a prompt
         for mb in micro_batches:
@@ -124,28 +131,27 @@ class ReferenceClient:
                     groups.append((i // g, []))
                 groups[-1][1].append(part.completion_ids[i])
         if not groups:
-            return
+            return ()
         answers = iter([lp for per in self.logprobs([(part.prompt_ids[k], cs) for k, cs in groups], temperature)
                         for lp in per])
+        out = []
         for mb in micro_batches:
-            out = torch.zeros(mb.loss_mask.shape, dtype=torch.float32)  # [n, T]
-            for row in range(out.shape[0]):
+            logp = torch.zeros(mb.loss_mask.shape, dtype=torch.float32)  # [n, T]
+            for row in range(logp.shape[0]):
                 values = next(answers)
-                out[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
-            setattr(mb, attr, out.masked_fill_(mb.loss_mask <= 0, 0.0))
+                logp[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            out.append(logp.masked_fill_(mb.loss_mask <= 0, 0.0))
+        return tuple(out)
 
     # -- weights -------------------------------------------------------------------------
     def refresh(self, model: Any, alpha: float) -> None:
         """ref = alpha * policy + (1 - alpha) * ref on the server: the main process sends, all wait."""
-        state = _partial_state()
-        if state is None or state.is_main_process:
-            with policy_weights(model, dtype_from_name(self.info.get("dtype", "float32"))) as weights:
+        with policy_weights(model, dtype_from_name(self.info.get("dtype", "float32")), self.parallel) as weights:
+            if self.parallel.main:
                 self.send(weights.unique(), alpha)
-        else:
-            with policy_weights(model, dtype_from_name(self.info.get("dtype", "float32"))) as weights:
+            else:
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
-        if state is not None and state.num_processes > 1:
-            state.wait_for_everyone()
+        self.parallel.wait()
 
     def send(self, named: Any, alpha: float) -> dict[str, Any]:
         """Stream tensors (name, tensor) to the server in buckets, to be mixed in with ``alpha``."""
@@ -165,8 +171,7 @@ class ReferenceClient:
         """The server's current weights, each tensor once (main process; the others get {})."""
         from grpocli.generation.weights import unpack_bucket
 
-        state = _partial_state()
-        if state is not None and not state.is_main_process:
+        if not self.parallel.main:
             return {}
         out: dict[str, torch.Tensor] = {}
         index, count = 0, 1
@@ -179,11 +184,9 @@ class ReferenceClient:
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> tuple[list, list]:
         """Replace the server's weights (alpha = 1) with a checkpoint's: the main process sends, all wait."""
-        state = _partial_state()
-        if state is None or state.is_main_process:
+        if self.parallel.main:
             self.send(_each_storage_once(state_dict), 1.0)
-        if state is not None and state.num_processes > 1:
-            state.wait_for_everyone()
+        self.parallel.wait()
         return [], []
 
 
@@ -196,12 +199,6 @@ def _each_storage_once(state_dict: dict[str, torch.Tensor]) -> Any:
         if key not in seen:
             seen.add(key)
             yield name, tensor
-
-
-def _partial_state() -> Any:
-    from accelerate import PartialState
-
-    return PartialState() if PartialState._shared_state else None
 
 
 __all__ = ["KEY_ENV", "ReferenceClient"]

@@ -5,8 +5,8 @@ worker thread runs them in order, so no forward pass ever sees half-mixed weight
 takes every job that is waiting at once: the sequences of all waiting log-prob requests (several
 training processes ask at the same time) are cut, in order, into forward passes of at most
 ``max_batch_tokens`` prompt + completion tokens (a longer sequence gets a pass of its own) and laid
-out as the trainer lays out micro-batches (grpocli.trainer.packing); each pass is the in-process
-reference pass itself (grpocli.trainer.step.fill_logprobs), so the numbers are the same.
+out as the trainer lays out micro-batches (grpocli.algorithms.packing); each pass is the one the
+in-process reference runs (grpocli.algorithms.logprobs.sequence_logprobs), so the numbers are the same.
 
 A weight update (``ref_sync_steps``) is a stream: ``begin`` (alpha), buckets of the policy's
 tensors, ``end``. Each bucket is mixed in place as it comes (ref = alpha * policy + (1 - alpha) *
@@ -71,7 +71,7 @@ class ReferenceHost:
 
     def __init__(self, model: Any, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
                  request_timeout: float = 600.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        from grpocli.trainer.packing import choose_layout
+        from grpocli.algorithms.packing import choose_layout
 
         self.model = model
         self.layout = choose_layout(model)
@@ -241,19 +241,22 @@ class ReferenceHost:
                 k += len(job.args[0])
 
     def _logprobs(self, groups: list[Group], temperature: float) -> list[list[list[float]]]:
-        from grpocli.trainer.packing import build_rows
-        from grpocli.trainer.step import fill_logprobs
+        import torch
+
+        from grpocli.algorithms.logprobs import sequence_logprobs
+        from grpocli.algorithms.packing import build_rows
 
         out: list[list[list[float]]] = [[[] for _ in completions] for _, completions in groups]
         seqs = [(g, j, prompt, c) for g, (prompt, completions) in enumerate(groups)
                 for j, c in enumerate(completions) if c]
         for batch in token_batches([len(p) + len(c) for _, _, p, c in seqs], self.max_batch_tokens):
             rows = build_rows([(seqs[i][0], seqs[i][2], seqs[i][3]) for i in batch], self.layout)
-            fill_logprobs(self.model, [rows], temperature, "logp")  # the in-process reference pass
+            with torch.no_grad():  # the in-process reference pass
+                logp, _ = sequence_logprobs(self.model, rows, temperature)
             self.batches += 1
             for row, i in enumerate(batch):
                 g, j, _, completion = seqs[i]
-                out[g][j] = rows.logp[row, : len(completion)].tolist()
+                out[g][j] = logp[row, : len(completion)].tolist()
         return out
 
     # -- weight updates (on the worker thread) -------------------------------------------------

@@ -13,24 +13,28 @@ together) runs out (truncated), or after multi_turn.max_turns model turns. The c
 the exact token ids the engine produced with the tool turns spliced in as tokens, and a mask
 marks the model's own tokens (1) apart from the tool turns' (0): only the former enter the loss.
 
-Under FSDP2 with the 'hf' backend every generate call is a collective: the loop goes on while a
-rollout of any process is live (one all_reduce a turn), and a process without one makes empty
-calls (the backend's dummy passes) until the others are done.
+Where every generate call is a collective (the 'hf' backend under FSDP2: the parallel strategy's
+`forward_collective`), the loop goes on while a rollout of any process is live (one all_reduce a
+turn, `Parallel.any_process`), and a process without one makes empty calls (the backend's dummy
+passes) until the others are done.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
+from grpocli.parallel import Parallel
 from grpocli.tools.execution import Outcome, run_turn
 from grpocli.tools.parsers import TOOL_CALL_PARSERS, ToolCall
 from grpocli.tools.template import ToolTurns, render_with_tools
 from grpocli.tools.toolbox import Toolbox
-from grpocli.trainer.sharding import any_process
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import Recipe
 
 
 @dataclass
@@ -95,8 +99,9 @@ class _Rollout:
 class TurnLoop:
     """Samples multi-turn rollouts with a backend that generates from token ids."""
 
-    def __init__(self, toolbox: Toolbox, tokenizer: Any, recipe: Any) -> None:
+    def __init__(self, toolbox: Toolbox, tokenizer: Any, recipe: Recipe, parallel: Parallel | None = None) -> None:
         self.toolbox, self.tokenizer = toolbox, tokenizer
+        self.parallel = parallel or Parallel.alone()
         self.section, self.data = recipe.multi_turn, recipe.data
         self.max_prompt_length = recipe.data.max_prompt_length
         self.budget = recipe.generation.max_completion_length
@@ -113,12 +118,12 @@ class TurnLoop:
         prompt_ids = self.prompts(rows, envs, n)
         state = [_Rollout() for _ in envs]
         stats = TurnStats(rollouts=len(state))
-        model = getattr(backend, "model", None)  # FSDP2-sharded ('hf'): each generate call is a collective
         live, contexts, count = list(range(len(state))), prompt_ids, n
         with_logprobs = False
         for turn in range(1, self.section.max_turns + 1):
-            if turn > 1 and not any_process(model, bool(live)):
-                break  # no live rollout (sharded: on any process; one without takes part in empty calls)
+            going = self.parallel.any_process(bool(live)) if backend.lockstep else bool(live)
+            if turn > 1 and not going:
+                break  # no live rollout (lockstep generate calls: on any process; one without takes part)
             room = max((self.budget - len(state[i].ids) for i in live), default=1)
             out = backend.generate_ids(contexts, count, replace(sampling, max_tokens=room))
             with_logprobs = out.logprobs is not None if live else with_logprobs

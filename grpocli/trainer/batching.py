@@ -1,4 +1,4 @@
-"""Micro-batches: the sequences that enter the loss, in rows laid out by grpocli.trainer.packing.
+"""Micro-batches: the sequences that enter the loss, in rows laid out by grpocli.algorithms.packing.
 
 A micro-batch holds at most `max_sequences` sequences or, with a token budget (verl's
 `use_dynamic_bsz` / `ppo_max_token_len_per_gpu`), sequences of at most `max_tokens` tokens
@@ -10,33 +10,28 @@ every aggregation divides by whole-batch counts (LossNorm).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpocli.trainer.collectives import total
-from grpocli.trainer.packing import Layout, Sequence, build_rows
-from grpocli.trainer.rollouts import Rollouts
+from grpocli.algorithms.packing import Layout, Rows, Sequence, build_rows
+from grpocli.parallel import Parallel
+from grpocli.trainer.rollouts import Advantages, Rollouts, Scored
+
+if TYPE_CHECKING:
+    from grpocli.recipe.algorithm_section import AlgorithmSection
+    from grpocli.recipe.schema import TrainSection
 
 
-@dataclass
-class MicroBatch:
-    """The rows of n sequences; per-sequence tensors are over completion tokens `[n, T]`."""
+@dataclass(frozen=True)
+class MicroBatch(Rows):
+    """The rows of n sequences (grpocli.algorithms.packing.Rows; `loss_mask` here leaves tool turns
+    out) and what the loss needs of them; per-sequence tensors are over completion tokens `[n, T]`."""
 
-    input_ids: torch.Tensor               # [r, W]
-    position_ids: torch.Tensor            # [r, W]
-    attention_mask: torch.Tensor | None   # [r, W] padded, [1, 1, W, W] shared prompts, None packed
-    logit_index: torch.Tensor             # [K] row positions whose logits score a completion token
-    labels: torch.Tensor                  # [r, K]
-    token_index: torch.Tensor             # [n, T] index into labels.flatten() of each completion token
-    loss_mask: torch.Tensor               # [n, T] 1.0 on completion tokens that enter the loss
     advantages: torch.Tensor              # [n]
     index: torch.Tensor                   # [n] rows of the Rollouts they came from
     sequence_tokens: int = 0              # prompt + completion tokens of the n sequences, unpacked
-    old_logp: torch.Tensor | None = None  # [n, T]
-    ref_logp: torch.Tensor | None = None  # [n, T]
-    is_weight: torch.Tensor | None = None  # [n, T] (token modes) or [n, 1] (sequence modes): engine IS weight
 
     @property
     def num_tokens(self) -> int:
@@ -63,8 +58,8 @@ class Selection:
     idle_tokens: int = 0   # loss tokens of the idle rows
 
 
-def select_sequences(rollouts: Rollouts, *, mask_truncated: bool = False, truncated_rows: str = "drop",
-                     skip_zero_advantage: bool = True) -> Selection:
+def select_sequences(rollouts: Rollouts, advantages: Advantages, *, mask_truncated: bool = False,
+                     truncated_rows: str = "drop", skip_zero_advantage: bool = True) -> Selection:
     """The rows of kept groups (whole zero-spread groups leave only when dropped upstream).
 
     A truncated row under mask_truncated leaves every count ('drop': open-instruct, verl) or stays
@@ -73,11 +68,11 @@ def select_sequences(rollouts: Rollouts, *, mask_truncated: bool = False, trunca
     advantage is 0 is counted with its tokens but not computed: its loss and gradient are 0.
     """
     out = Selection(computed=[])
-    for i in torch.nonzero(rollouts.keep).flatten().tolist():
+    for i in torch.nonzero(advantages.keep).flatten().tolist():
         if mask_truncated and bool(rollouts.truncated[i]):
             if truncated_rows == "count":
                 out.idle.append(i)
-        elif skip_zero_advantage and float(rollouts.advantages[i]) == 0.0:
+        elif skip_zero_advantage and float(advantages.values[i]) == 0.0:
             out.idle.append(i)
             out.idle_tokens += rollouts.loss_tokens(i)
         else:
@@ -85,11 +80,11 @@ def select_sequences(rollouts: Rollouts, *, mask_truncated: bool = False, trunca
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerBatch:
     """What one optimizer step trains on, on this process."""
 
-    micro_batches: list[MicroBatch]
+    micro_batches: tuple[MicroBatch, ...]
     idle_sequences: int = 0                 # in the normalisers, not computed (Selection.idle)
     idle_tokens: int = 0
     token_mean_tokens: float | None = None  # all processes: what token-mean losses divide by, if not
@@ -102,6 +97,7 @@ class OptimizerBatch:
 
 def make_micro_batches(
     rollouts: Rollouts,
+    advantages: torch.Tensor,
     indices: list[int],
     *,
     max_sequences: int,
@@ -111,7 +107,8 @@ def make_micro_batches(
 ) -> list[MicroBatch]:
     """Group `indices` (in order) into micro-batches of at most `max_sequences` sequences, or
     (with `max_tokens`) of at most `max_tokens` sequence tokens, each laid out as `layout` says
-    (`packing.choose_layout(model)`; padded rows by default; `pad_id` fills them, masked).
+    (`grpocli.algorithms.packing.choose_layout(model)`; padded rows by default; `pad_id` fills them, masked);
+    `advantages` `[B*G]` are the rollouts' (each micro-batch carries its rows').
     """
     g = rollouts.group_size
     seqs = {i: (i // g, rollouts.prompt_ids[i // g], rollouts.completion_ids[i]) for i in indices}
@@ -127,18 +124,16 @@ def make_micro_batches(
             tokens = 0
         batches[-1].append(i)
         tokens += cost
-    return [_micro_batch(rollouts, [seqs[i] for i in rows], rows, layout, pad_id) for rows in batches]
+    return [_micro_batch(rollouts, advantages, [seqs[i] for i in rows], rows, layout, pad_id) for rows in batches]
 
 
-def _micro_batch(rollouts: Rollouts, seqs: list[Sequence], rows: list[int], layout: Layout,
-                 pad_id: int) -> MicroBatch:
+def _micro_batch(rollouts: Rollouts, advantages: torch.Tensor, seqs: list[Sequence], rows: list[int],
+                 layout: Layout, pad_id: int) -> MicroBatch:
     laid = build_rows(seqs, layout, pad_id)
     index = torch.tensor(rows, dtype=torch.long)
     return MicroBatch(
-        input_ids=laid.input_ids, position_ids=laid.position_ids, attention_mask=laid.attention_mask,
-        logit_index=laid.logit_index, labels=laid.labels, token_index=laid.token_index,
-        loss_mask=_model_tokens(rollouts, rows, laid.loss_mask), advantages=rollouts.advantages[index].float(), index=index,
-        sequence_tokens=sum(len(p) + len(c) for _, p, c in seqs),
+        **{f.name: getattr(laid, f.name) for f in fields(Rows)} | {"loss_mask": _model_tokens(rollouts, rows, laid.loss_mask)},
+        advantages=advantages[index].float(), index=index, sequence_tokens=sum(len(p) + len(c) for _, p, c in seqs),
     )
 
 
@@ -154,27 +149,31 @@ def _model_tokens(rollouts: Rollouts, rows: list[int], loss_mask: torch.Tensor) 
     return loss_mask * own
 
 
-def optimizer_batches(accelerator: Any, rollouts: Rollouts, recipe: Any, settings: Any,
-                      layout: Layout) -> list[tuple[Rollouts, OptimizerBatch]]:
+def optimizer_batches(parallel: Parallel, scored: Scored, advantages: Advantages, *, algorithm: AlgorithmSection,
+                      train: TrainSection, zero_advantage_rows_matter: bool,
+                      layout: Layout) -> list[tuple[Scored, Advantages, OptimizerBatch]]:
     """Phase 5 before any log-prob pass: the generation batch cut into steps_per_generation slices
     of whole groups; in each, the rows that enter the loss (computed or idle) in micro-batches;
     with token_normalizer = "generation_batch", TRL's token count (the generation batch's loss
-    tokens over every process / steps_per_generation) for the token-mean losses. `settings` is
-    the step's LossSettings (it says whether zero-advantage rows need computing)."""
-    a, t = recipe.algorithm, recipe.train
+    tokens over every process / steps_per_generation) for the token-mean losses.
+    `zero_advantage_rows_matter`: whether rows with advantage 0 must be computed
+    (grpocli.trainer.step.LossSettings)."""
+    a, t = algorithm, train
     n_slices = t.steps_per_generation
-    per = rollouts.num_prompts // n_slices
-    out = []
+    per = scored.rollouts.num_prompts // n_slices
+    cuts = []
     for k in range(n_slices):
-        part = rollouts.select_groups(list(range(k * per, (k + 1) * per)))           # [B/S*G]
-        chosen = select_sequences(part, mask_truncated=a.mask_truncated_completions, truncated_rows=a.truncated_rows,
-                                  skip_zero_advantage=not settings.zero_advantage_rows_matter)
-        micro_batches = make_micro_batches(part, chosen.computed, max_sequences=t.micro_batch_size,
+        groups = list(range(k * per, (k + 1) * per))
+        part, adv = scored.select(groups), advantages.select(groups)                     # [B/S*G]
+        chosen = select_sequences(part.rollouts, adv, mask_truncated=a.mask_truncated_completions,
+                                  truncated_rows=a.truncated_rows, skip_zero_advantage=not zero_advantage_rows_matter)
+        micro_batches = make_micro_batches(part.rollouts, adv.values, chosen.computed, max_sequences=t.micro_batch_size,
                                            max_tokens=t.max_tokens_per_micro_batch, layout=layout)
-        out.append((part, OptimizerBatch(micro_batches, idle_sequences=len(chosen.idle),
-                                         idle_tokens=chosen.idle_tokens)))
+        cuts.append((part, adv, micro_batches, chosen))
+    tokens = None
     if a.token_normalizer == "generation_batch":
-        tokens = total(accelerator, sum(batch.loss_tokens for _, batch in out)) / n_slices
-        for _, batch in out:
-            batch.token_mean_tokens = tokens
-    return out
+        loss_tokens = sum(sum(mb.num_tokens for mb in mbs) + chosen.idle_tokens for _, _, mbs, chosen in cuts)
+        tokens = parallel.total(loss_tokens) / n_slices
+    return [(part, adv, OptimizerBatch(tuple(mbs), idle_sequences=len(chosen.idle), idle_tokens=chosen.idle_tokens,
+                                       token_mean_tokens=tokens))
+            for part, adv, mbs, chosen in cuts]

@@ -5,18 +5,11 @@ trainer/: optimizer.pt, scheduler.pt, rng-rank{R}.pt, state.json (step, data pos
 when the reference model moves (ref_sync_steps > 0), reference.safetensors.
 It is written as step-N.tmp and renamed when every process has finished writing.
 
-Under FSDP2 (grpocli.trainer.sharding) the files are the same, whole: the weights and the
-optimizer state are gathered one tensor at a time on the main process (optimizer.pt then holds
-torch.distributed.checkpoint's full optimizer state dict, keyed by parameter names), and every
-process reads them back and keeps its shard (a LoRA policy: its adapters only, as without
-sharding, grpocli.trainer.sharded_adapters). Resume is exact (the same numbers, re-split); a
-checkpoint loads under any number of processes, and its model directory is a plain
-save_pretrained one for `grpo eval` and vLLM.
-
-Under DeepSpeed ZeRO-2/3 (grpocli.trainer.deepspeed) the model directory is the same, whole
-(ZeRO-3: gathered), and trainer/deepspeed/ holds DeepSpeed's own checkpoint (each process's
-optimizer and fp32 master-weight partitions; optimizer.pt only names it): resume is exact with the
-same number of processes and stage.
+The weights and the optimizer state are written and read by the parallel strategy
+(grpocli.parallel: `save_weights`, `load_weights`), the same files whatever it is: under FSDP2
+gathered one tensor at a time and written whole by the main process (a checkpoint loads under any
+number of processes); under DeepSpeed ZeRO-2/3 the model whole plus DeepSpeed's own partitions in
+trainer/deepspeed/ (resume is exact with the same number of processes and stage).
 """
 
 from __future__ import annotations
@@ -35,27 +28,12 @@ import numpy as np
 import torch
 
 from grpocli.errors import UserError
+from grpocli.parallel import Parallel
 from grpocli.rundir import RunDir, checkpoint_problems
-from grpocli.trainer.deepspeed import is_deepspeed, load_zero, save_zero
-from grpocli.trainer.sharded_adapters import (
-    full_adapter_state,
-    is_peft,
-    load_full_adapter_state,
-)
-from grpocli.trainer.sharding import (
-    full_optimizer_state,
-    full_state,
-    is_sharded,
-    load_full_optimizer_state,
-    load_full_state,
-)
-
-#: The moving reference model (algorithm.ref_sync_steps > 0), inside step-N/trainer/.
-REFERENCE = "reference.safetensors"
 
 
 def save_checkpoint(
-    run: RunDir, step: int, *, accelerator: Any, model: Any, tokenizer: Any,
+    run: RunDir, step: int, *, parallel: Parallel, model: Any, tokenizer: Any,
     optimizer: Any, scheduler: Any, state: dict[str, Any], keep: int | None, reference: Any = None,
 ) -> Path:
     """Write step-N.tmp on every process, then rename it to step-N (main process).
@@ -64,84 +42,44 @@ def save_checkpoint(
     A write that fails (a full disk, a quota) removes step-N.tmp and raises a UserError saying
     how much space a checkpoint takes; the earlier checkpoints and metrics.jsonl stay as they were.
     """
-    _check_replicas(accelerator, model)
+    parallel.check_replicas(model)
     final = run.checkpoint(step)
     tmp = final.with_name(final.name + ".tmp")
     try:
-        _write(run, tmp, accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer,
+        _write(run, tmp, parallel=parallel, model=model, tokenizer=tokenizer, optimizer=optimizer,
                scheduler=scheduler, state=state, reference=reference)
     except Exception as err:
         if not _is_write_failure(err):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_failed(run, step, tmp, err, model) from None
-    if accelerator.is_main_process:
+    if parallel.main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # atomic: step-N exists only when complete
         _fsync_dir(final.parent)
         _prune(run, keep)
-    accelerator.wait_for_everyone()
+    parallel.wait()
     return final
 
 
-def _write(run: RunDir, tmp: Path, *, accelerator: Any, model: Any, tokenizer: Any, optimizer: Any,
+def _write(run: RunDir, tmp: Path, *, parallel: Parallel, model: Any, tokenizer: Any, optimizer: Any,
            scheduler: Any, state: dict[str, Any], reference: Any) -> None:
-    """Every file of step-N.tmp, flushed to disk (each process its RNG state, the main one the rest)."""
-    if accelerator.is_main_process:
+    """Every file of step-N.tmp, flushed to disk (each process its RNG state, the strategy the
+    weights and optimizer state, the main process the rest)."""
+    if parallel.main:
         for stale in run.checkpoints.glob("step-*.tmp"):  # left by a crash: never complete
             shutil.rmtree(stale, ignore_errors=True)
         (tmp / "trainer").mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    torch.save(_rng_state(), tmp / "trainer" / f"rng-rank{accelerator.process_index}.pt")
-    unwrapped = accelerator.unwrap_model(model)
-    if is_sharded(unwrapped):  # every process takes part in the gathers; the main one writes
-        _write_sharded(tmp, accelerator.is_main_process, model=unwrapped, optimizer=optimizer, reference=reference)
-    zero = save_zero(tmp, accelerator, model, _save_model)  # DeepSpeed: weights whole, ZeRO partitions
-    if accelerator.is_main_process:
-        if not is_sharded(unwrapped):
-            if not zero:
-                _save_model(unwrapped, tmp)
-                torch.save(optimizer.state_dict(), tmp / "trainer" / "optimizer.pt")
-            if reference is not None:
-                from safetensors.torch import save_model
-
-                save_model(reference, str(tmp / "trainer" / REFERENCE))
+    parallel.wait()
+    torch.save(_rng_state(), tmp / "trainer" / f"rng-rank{parallel.rank}.pt")
+    parallel.save_weights(tmp, model=model, optimizer=optimizer, reference=reference)
+    if parallel.main:
         tokenizer.save_pretrained(tmp)
         torch.save(scheduler.state_dict(), tmp / "trainer" / "scheduler.pt")
         (tmp / "trainer" / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+    parallel.wait()
+    if parallel.main:
         _fsync_tree(tmp)
-
-
-def _write_sharded(tmp: Path, main: bool, *, model: Any, optimizer: Any, reference: Any) -> None:
-    """An FSDP2 policy (and reference) written whole by the main process: gathered a tensor at a time
-    (a peft policy: its adapters only, the files an unsharded LoRA run writes)."""
-    weights = full_adapter_state(model, keep=main) if is_peft(model) else full_state(model, keep=main)
-    if main:
-        _save_model(model, tmp, state_dict=weights)
-    del weights
-    optim = full_optimizer_state(model, optimizer)
-    if main:
-        torch.save(optim, tmp / "trainer" / "optimizer.pt")
-    del optim
-    if reference is not None:
-        ref = full_state(reference, keep=main)
-        if main:
-            from safetensors.torch import save_file
-
-            save_file(_untied(ref), str(tmp / "trainer" / REFERENCE))
-
-
-def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Tied tensors once (lm_head = embed_tokens): safetensors refuses shared or repeated storage."""
-    seen: dict[int, str] = {}
-    out = {}
-    for name, t in state.items():
-        if t.data_ptr() not in seen:
-            seen[t.data_ptr()] = name
-            out[name] = t.contiguous()
-    return out
 
 
 def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
@@ -193,7 +131,7 @@ def _named_checkpoint(run: RunDir, path: Path) -> tuple[int, Path]:
 
 
 def load_checkpoint(
-    path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, reference: Any = None,
+    path: Path, *, parallel: Parallel, model: Any, optimizer: Any, scheduler: Any, reference: Any = None,
 ) -> dict[str, Any]:
     """Restore weights, optimizer, learning rate, this process's RNG (and a saved reference); return state.json.
 
@@ -203,8 +141,11 @@ def load_checkpoint(
     A file that cannot be loaded (damage past its header, a model of another shape) is a UserError.
     """
     try:
-        return _load(path, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
-                     reference=reference)
+        state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
+        parallel.load_weights(path, model=model, optimizer=optimizer, reference=reference)
+        _fast_forward(scheduler, state["step"])
+        _load_rng(path, parallel.rank)
+        return state
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(
@@ -214,67 +155,14 @@ def load_checkpoint(
         ) from None
 
 
-def _load(path: Path, *, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, reference: Any) -> dict[str, Any]:
-    state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
-    unwrapped = accelerator.unwrap_model(model)
-    optim = torch.load(path / "trainer" / "optimizer.pt", weights_only=False)
-    if is_deepspeed(model):  # DeepSpeed's own files: weights and each process's partitions
-        load_zero(path, model)
-    elif is_sharded(unwrapped):  # every process reads the whole files and keeps its shard
-        if is_peft(unwrapped):  # a LoRA checkpoint: the adapters (a missing file is an OSError)
-            from safetensors.torch import load_file
-
-            load_full_adapter_state(unwrapped, load_file(path / "adapter_model.safetensors"))
-        else:
-            load_full_state(unwrapped, _read_weights(path))
-        load_full_optimizer_state(unwrapped, optimizer, optim)
-    else:
-        load_weights(unwrapped, path)
-        optimizer.load_state_dict(optim)
-    _fast_forward(scheduler, state["step"])
-    saved_reference = path / "trainer" / REFERENCE
-    if reference is not None and saved_reference.exists():
-        from safetensors.torch import load_file, load_model
-
-        if is_sharded(reference):
-            load_full_state(reference, load_file(saved_reference))
-        else:
-            load_model(reference, str(saved_reference))
-    rng = path / "trainer" / f"rng-rank{accelerator.process_index}.pt"
+def _load_rng(path: Path, rank: int) -> None:
+    """This process's saved random state; one saved by fewer processes leaves the others at their seed."""
+    rng = path / "trainer" / f"rng-rank{rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
     else:  # saved by fewer processes than resume it: this one starts from its seed
-        _warn(f"{rng} is missing (the run had fewer processes): process {accelerator.process_index} "
+        _warn(f"{rng} is missing (the run had fewer processes): process {rank} "
               "continues from its seed, not the saved random state", everywhere=True)
-    return state
-
-
-def load_weights(model: Any, path: Path) -> None:
-    """Load save_pretrained weights (full model or peft adapter) into a live model."""
-    from safetensors.torch import load_file
-
-    adapter = path / "adapter_model.safetensors"
-    if adapter.exists():
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, load_file(adapter))
-        return
-    state = _read_weights(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {k for k in missing if "lm_head" in k}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
-                           f"unexpected {sorted(unexpected)[:5]}")
-
-
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a save_pretrained directory's safetensors files."""
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        state.update(load_file(file))
-    return state
 
 
 def _rng_state() -> dict[str, Any]:
@@ -292,19 +180,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_model(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """save_pretrained without transformers' "Writing model shards" bar in the training output."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        model.save_pretrained(path, state_dict=state_dict)  # safetensors is the default
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
-
-
 def _fast_forward(scheduler: Any, step: int) -> None:
     """Step a fresh scheduler to `step`: the learning rate of the current schedule at that step."""
     import warnings
@@ -313,19 +188,6 @@ def _fast_forward(scheduler: Any, step: int) -> None:
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
         for _ in range(step - scheduler.last_epoch):
             scheduler.step()
-
-
-def _check_replicas(accelerator: Any, model: Any) -> None:
-    """DDP replicas must hold the same weights; a cheap fingerprint checks it (sharded FSDP or
-    DeepSpeed parameters differ per process by design and are not checked)."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return
-    with torch.no_grad():
-        mine = torch.stack([p.detach().double().sum() for p in model.parameters()])  # [P]
-    every = accelerator.gather(mine.to(accelerator.device)[None]).cpu()          # [W, P]
-    if not torch.allclose(every, every[0].expand_as(every), rtol=1e-6, atol=1e-9):
-        raise RuntimeError(f"the {accelerator.num_processes} processes hold different weights: "
-                           f"parameter sums {every.sum(dim=1).tolist()}")
 
 
 def _fsync_tree(root: Path) -> None:

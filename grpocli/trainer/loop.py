@@ -1,18 +1,20 @@
 """The GRPO training loop, one generation cycle at a time, read top to bottom:
 
     1. prompts        the stream (or the curriculum) gives B prompts, split over processes
-    2. generate       G completions per prompt from the backend (multi-turn recipes: the turn
-                      loop of grpocli.tools.turns, tools run between the model's turns)
-    3. rewards        every reward function, weighted
-    4. advantages     group-relative, over all processes; groups without reward spread marked
-    5. slices         steps_per_generation optimizer batches of micro-batches, with the old /
-                      reference log-probs (and engine importance weights) they need
+    2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
+                      turn loop of grpocli.tools.turns, tools run between the model's turns)
+    3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
+    4. advantages     Advantages: group-relative, over all processes; groups without spread marked
+    5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
+                      frozen log-probs its loss needs (old policy, reference, engine weights)
     6. update         num_iterations passes over the slices: one optimizer step per slice
     7. sync           new weights to the generation backend after the cycle's last update
     8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
 
-Each phase returns what it computes (`Batch`, `Slice`, the step's statistics, seconds); the
-run's counters are `Session.state` (grpocli.trainer.state.RunState).
+Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
+Scored, Advantages; `Batch` and `Slice` here; the step's statistics); no phase fills in an
+earlier one's value. The run's counters are `Session.state` (grpocli.trainer.state.RunState), and
+the processes are asked through `Session.parallel` (grpocli.parallel).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms import overlong_penalty, zero_spread_groups
+from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
+from grpocli.algorithms.packing import choose_layout
 from grpocli.evaluation.periodic import PeriodicEval
-from grpocli.generation.base import Sampling
+from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.weights import policy_weights
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
@@ -35,23 +38,14 @@ from grpocli.rewards import score
 from grpocli.rewards.context import trainer_state
 from grpocli.trainer.advantages import compute_advantages
 from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
-from grpocli.trainer.cadence import is_due
 from grpocli.trainer.checkpoint import save_checkpoint
-from grpocli.trainer.collectives import fewest, total
-from grpocli.trainer.metrics import (
-    group_metrics,
-    length_metrics,
-    logged_metrics,
-    model_lengths,
-    reward_summary,
-    write_rollouts,
-)
+from grpocli.trainer.metrics import group_metrics, length_metrics, logged_metrics, reward_summary, write_rollouts
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
-from grpocli.trainer.packing import choose_layout
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import Rollouts
+from grpocli.trainer.rollouts import Advantages, Rollouts, Scored
 from grpocli.trainer.session import Session, TrainingStopped
-from grpocli.trainer.step import LossSettings, fill_logprobs, optimizer_step
+from grpocli.trainer.state import is_due
+from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
 if TYPE_CHECKING:
     from grpocli.tools.turns import TurnStats
@@ -70,25 +64,28 @@ def train(resolved: Resolved) -> None:
         s.close()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
     """One generation batch (phases 1-4) and what it took."""
 
-    rollouts: Rollouts            # [B*G] scored, advantages set, this process's groups
+    scored: Scored                # [B*G] this process's groups, with their rewards
+    advantages: Advantages        # [B*G]
     seconds: dict[str, float]     # time/generation (the wait, when generated ahead), time/rewards
-    info: dict[str, float]        # generation/staleness, fill_rounds, rewards' log_metric means
+    info: dict[str, float]        # generation/staleness, fill_rounds, rewards' log_metric means, tool counts
     num_tokens: int               # prompt + completion tokens generated, all processes
     completion_tokens: float      # completion tokens generated, all processes
 
 
-@dataclass
+@dataclass(frozen=True)
 class Slice:
     """One optimizer batch of the generation batch (phase 5)."""
 
-    part: Rollouts                    # [B/S*G] its groups
+    scored: Scored                    # [B/S*G] its groups
+    advantages: Advantages            # [B/S*G]
     batch: OptimizerBatch             # the micro-batches of the sequences that enter the loss
+    frozen: Frozen                    # their old-policy / reference log-probs and engine weights
     mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
-    seconds: float                    # its old-policy / reference log-prob passes
+    seconds: float                    # its frozen log-prob passes
 
 
 class Loop:
@@ -96,9 +93,9 @@ class Loop:
         self.s = s
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
-        self.settings = LossSettings.from_recipe(r)
+        self.settings = LossSettings.of(r.algorithm, r.generation)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
-                                            accelerator=s.accelerator, run_root=s.run.root)
+                                            parallel=s.parallel, run_root=s.run.root)
         self.prefetch = None
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
@@ -109,11 +106,11 @@ class Loop:
         while state.step < r.train.steps:
             cycle_start = state.step
             batch = self.generate()                                                   # 1-4
-            slices = self.prepare(batch.rollouts)                                     # 5
+            slices = self.prepare(batch)                                              # 5
             plan = [sl for _ in range(r.algorithm.num_iterations) for sl in slices][: r.train.steps - state.step]
             shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's time
             for k, sl in enumerate(plan):
-                stats = self.update(sl.batch)                                             # 6
+                stats = self.update(sl)                                               # 6
                 state.step += 1
                 state.num_tokens += batch.num_tokens if k == 0 else 0
                 self.maybe_refresh_reference()
@@ -136,58 +133,78 @@ class Loop:
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
             seconds["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
             info["generation/staleness"] = s.state.step - generated_at
-            rollouts, turns = self.sample(rows, seconds, generated)
+            scored, turns = self.sample(rows, seconds, generated)
         else:
-            rollouts, turns = self.sample(s.next_rows(n_prompts), seconds)           # 1-3. [B*G]
+            scored, turns = self.sample(s.next_rows(n_prompts), seconds)               # 1-3. [B*G]
         counts = [turns]
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
-            parts = [rollouts]
+            parts = [scored]
             for _ in range(r.algorithm.max_fill_rounds):
-                have = sum(int((~self.flat_groups(p)).sum()) for p in parts)
-                if fewest(s.accelerator, have) >= rollouts.num_prompts:
+                have = sum(int((~flat_groups(p)).sum()) for p in parts)
+                if s.parallel.fewest(have) >= scored.rollouts.num_prompts:
                     break
                 part, turns = self.sample(s.next_rows(n_prompts), seconds)
                 parts.append(part)
                 counts.append(turns)
-            rollouts = self.keep_informative(parts, rollouts.num_prompts)
+            scored = keep_informative(parts, scored.rollouts.num_prompts)
             info["fill_rounds"] = len(parts) - 1
-        rollouts = self.advantages(rollouts)                                          # 4.
-        s.after_generation(rollouts)
-        completion_tokens = total(s.accelerator, float(model_lengths(rollouts).sum()))  # the model's, as TRL
-        prompt_tokens = total(s.accelerator, sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
-        info.update(logged_metrics(s.accelerator, rollouts.logged_metrics))  # rewards' log_metric
-        info.update(self.turn_metrics(counts))                                # tools/..., multi_turn/...
-        info.update(getattr(s.backend, "metrics", dict)())                    # a server fleet's vllm/...
-        return Batch(rollouts, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
+        advantages = compute_advantages(s.parallel, scored, r.algorithm, reward_fns=s.reward_fns,   # 4.
+                                        max_completion_length=r.generation.max_completion_length)
+        s.after_generation(scored)
+        rollouts = scored.rollouts
+        completion_tokens = s.parallel.total(float(rollouts.model_lengths().sum()))  # the model's, as TRL
+        prompt_tokens = s.parallel.total(sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
+        info.update(logged_metrics(s.parallel, scored.logged_metrics))  # rewards' log_metric
+        info.update(self.turn_metrics(counts))                           # tools/..., multi_turn/...
+        info.update(getattr(s.backend, "metrics", dict)())               # a server fleet's vllm/...
+        return Batch(scored, advantages, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
     def sample(self, rows: list[dict], seconds: dict[str, float],
-               generated: Any = None) -> tuple[Rollouts, TurnStats | None]:
-        """Generate G completions for each row (unless given) and score them; add the time taken.
-        Multi-turn recipes: the counts of the rollouts' turns and tool calls too (else None)."""
+               generated: Generated | None = None) -> tuple[Scored, TurnStats | None]:
+        """G completions for each row (generated now unless given), scored; the time taken is added
+        to `seconds`. Multi-turn recipes: the counts of the rollouts' turns and tool calls too (else None)."""
         s, r = self.s, self.s.recipe
+        g = r.generation.num_generations
         conversations = None
         if generated is None:
             t0 = time.perf_counter()
             if s.turns is not None:  # multi-turn: the whole batch advances turn by turn
-                conversations = s.turns.sample(s.backend, rows, r.generation.num_generations, self.sampling)
+                conversations = s.turns.sample(s.backend, rows, g, self.sampling)
                 generated = conversations.generated                                   # [B*G]
             else:
-                generated = s.backend.generate([row["prompt_text"] for row in rows], r.generation.num_generations,
-                                               self.sampling)                         # [B*G]
+                generated = s.backend.generate([row["prompt_text"] for row in rows], g, self.sampling)  # [B*G]
             seconds["time/generation"] += time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
             completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
-            truncated=torch.tensor(generated.truncated, dtype=torch.bool),
-            group_size=r.generation.num_generations, engine_logprobs=generated.logprobs,
+            truncated=torch.tensor(generated.truncated, dtype=torch.bool), group_size=g,
+            engine_logprobs=generated.logprobs,
+            completion_mask=conversations.completion_mask if conversations is not None else None,
+            conversations=conversations.messages if conversations is not None else None,
+            environments=conversations.environments if conversations is not None else None,
         )
-        if conversations is not None:
-            rollouts.completion_mask, rollouts.conversations = conversations.completion_mask, conversations.messages
-            rollouts.environments = conversations.environments
         t0 = time.perf_counter()
-        rollouts = self.score(rollouts)
+        scored = self.score(rollouts)
         seconds["time/rewards"] += time.perf_counter() - t0
-        return rollouts, conversations.stats if conversations is not None else None
+        return scored, conversations.stats if conversations is not None else None
+
+    def score(self, rollouts: Rollouts) -> Scored:
+        """The rewards of the rollouts: the weighted total, each reward's values, errors counted."""
+        s, r = self.s, self.s.recipe
+        column = r.data.prompt_column
+        state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
+                              num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
+        columns = rollouts.columns(exclude=(column, "prompt_text"))
+        if rollouts.environments is not None:  # TRL's `environments` keyword
+            columns["environments"] = rollouts.environments
+        scores = score(s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
+                       r.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state)
+        total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
+        op = r.algorithm.overlong_penalty
+        if op.buffer_length:
+            total += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
+                                      op.buffer_length, op.penalty)
+        return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
 
     def turn_metrics(self, counts: list[TurnStats | None]) -> dict[str, float]:
         """tools/* and multi_turn/* over every rollout sampled for the batch (fill_batch rounds
@@ -199,74 +216,42 @@ class Loop:
         for c in counts:
             if c is not None:
                 summed.add(c)
-        return summed.metrics(lambda count: total(s.accelerator, count))
-
-    @staticmethod
-    def flat_groups(rollouts: Rollouts) -> torch.Tensor:
-        return zero_spread_groups(rollouts.rewards.view(-1, rollouts.group_size))  # [B]
-
-    def keep_informative(self, parts: list[Rollouts], n: int) -> Rollouts:
-        """The first n groups with reward spread (flat ones only where too few were found)."""
-        merged = Rollouts.concat(parts)
-        flat = self.flat_groups(merged).tolist()
-        order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
-        return merged.select_groups(sorted(order[:n]))
-
-    def score(self, rollouts: Rollouts) -> Rollouts:
-        """The rollouts with rewards: the weighted total, each reward's values, errors counted."""
-        s, r = self.s, self.s.recipe
-        column = r.data.prompt_column
-        state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
-                              num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
-        columns = rollouts.columns(exclude=(column, "prompt_text"))
-        if rollouts.environments is not None:  # TRL's `environments` keyword
-            columns["environments"] = rollouts.environments
-        scores = score(
-            s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(),
-            columns, r.algorithm.reward_combination,
-            completion_ids=rollouts.completion_ids, state=state,
-        )
-        total_reward = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
-        op = r.algorithm.overlong_penalty
-        if op.buffer_length:
-            total_reward += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
-                                             op.buffer_length, op.penalty)
-        rollouts.rewards, rollouts.per_reward, rollouts.reward_errors = total_reward, scores.per_reward, scores.errors
-        rollouts.extra, rollouts.logged_metrics = scores.logged.columns, scores.logged.metrics
-        return rollouts
-
-    def advantages(self, rollouts: Rollouts) -> Rollouts:
-        """Group-relative advantages over all processes' groups, then this process's slice."""
-        return compute_advantages(self.s.accelerator, rollouts, self.s.recipe, self.s.reward_fns)
+        return summed.metrics(s.parallel.total)
 
     # -- phase 5 -------------------------------------------------------------------------
-    def prepare(self, rollouts: Rollouts) -> list[Slice]:
-        """steps_per_generation optimizer batches, each with the log-probs its loss needs."""
+    def prepare(self, batch: Batch) -> list[Slice]:
+        """steps_per_generation optimizer batches, each with the frozen log-probs its loss needs."""
         s, r = self.s, self.s.recipe
-        model = s.accelerator.unwrap_model(s.model)
+        p, policy, temperature = s.parallel, s.policy, self.settings.temperature
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
         out = []
-        for part, batch in optimizer_batches(s.accelerator, rollouts, r, self.settings, choose_layout(model)):
+        for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
+                                               train=r.train, layout=choose_layout(policy),
+                                               zero_advantage_rows_matter=self.settings.zero_advantage_rows_matter):
             t0 = time.perf_counter()
-            batches = batch.micro_batches
-            correct = r.vllm.importance_sampling_correction and part.engine_logprobs is not None
-            if moves or correct:  # old log-probs: from the policy that generated, or for the engine's ratio
-                fill_logprobs(model, batches, self.settings.temperature, "old_logp")
+            mbs = ob.micro_batches
+            correct = r.vllm.importance_sampling_correction and part.rollouts.engine_logprobs is not None
+            old = None  # the policy that generated, or the ratio to the engine, needs it
+            if moves or correct:
+                old = frozen_logprobs(p, policy, mbs, temperature)
+            ref = None
             if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
-                s.reference.fill(part, batches, self.settings.temperature, "ref_logp")
+                ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
             elif s.reference is not None:
-                fill_logprobs(s.reference, batches, self.settings.temperature, "ref_logp")
-            sums = [importance_weights(part, batches, r.vllm)] if correct else []
-            mismatch = mismatch_metrics(s.accelerator, sums) if correct else {}
-            out.append(Slice(part, batch, mismatch, time.perf_counter() - t0))
+                ref = frozen_logprobs(p, s.reference, mbs, temperature)
+            weights, mismatch = None, {}
+            if correct:
+                weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
+                mismatch = mismatch_metrics(p, sums)
+            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0))
         return out
 
     # -- phases 6-7 ----------------------------------------------------------------------
-    def update(self, batch: OptimizerBatch) -> dict[str, float]:
+    def update(self, sl: Slice) -> dict[str, float]:
         """One optimizer step; its statistics (summed over processes), learning rate and time."""
         s, r = self.s, self.s.recipe
         t0 = time.perf_counter()
-        stats = optimizer_step(s.accelerator, s.model, s.optimizer, batch, self.settings,
+        stats = optimizer_step(s.parallel, s.model, s.optimizer, sl.batch, sl.frozen, self.settings,
                                max_grad_norm=r.train.max_grad_norm)
         lr = s.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skipped update still advances the schedule
@@ -276,11 +261,10 @@ class Loop:
 
     def sync(self) -> float:
         """Send the new weights to the generation backend; the seconds it took."""
-        s = self.s
         t0 = time.perf_counter()
         if self.prefetch:
             self.prefetch.drain()  # a sync never overlaps a generation
-        s.backend.sync_weights(s.accelerator.unwrap_model(s.model))
+        self.s.backend.sync_weights(self.s.policy)
         return time.perf_counter() - t0
 
     def maybe_refresh_reference(self) -> None:
@@ -289,11 +273,10 @@ class Loop:
         s, a = self.s, self.s.recipe.algorithm
         if s.reference is None or not is_due(a.ref_sync_steps, s.state.step):
             return
-        policy = s.accelerator.unwrap_model(s.model)
         if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
-            s.reference.refresh(policy, a.ref_sync_alpha)
-        else:
-            with policy_weights(policy) as weights:  # LoRA: adapters merged, peft names cleaned; FSDP2: shards
+            s.reference.refresh(s.policy, a.ref_sync_alpha)
+        else:  # LoRA: adapters merged, peft names cleaned; FSDP2: shards
+            with policy_weights(s.policy, parallel=s.parallel) as weights:
                 mix_state(s.reference, dict(weights.entries), a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
@@ -302,14 +285,14 @@ class Loop:
         """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's
         (time and the completion tokens generated, so tokens_per_second is the cycle's throughput)."""
         s, r = self.s, self.s.recipe
-        acc, step = s.accelerator, s.state.step
+        p, step = s.parallel, s.state.step
         tokens = max(stats["tokens"], 1.0)
         seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
-            **reward_summary(acc, sl.part), **length_metrics(acc, sl.part),
-            **group_metrics(acc, sl.part, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
+            **reward_summary(p, sl.scored), **length_metrics(p, sl.scored.rollouts),
+            **group_metrics(p, sl.advantages, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
             "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
             "clip_ratio/region_mean": stats["clip_region"] / tokens,
@@ -320,13 +303,13 @@ class Loop:
         }
         if stats["skipped"] and stats["tokens"]:
             s.nonfinite(metrics)
-        if acc.is_main_process:
+        if p.main:
             s.metrics.write(metrics)
         if is_due(r.log.rollouts_every, step):
-            write_rollouts(s.run, step, sl.part, acc,  # every process: the main one writes all groups
+            write_rollouts(s.run, step, sl.scored, sl.advantages, p,  # every process: the main one writes all groups
                            prompt_column=r.data.prompt_column)
         if r.log.report_to:
-            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            p.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         s.show(metrics)
 
     def maybe_evaluate(self, *, since: int) -> None:
@@ -334,14 +317,14 @@ class Loop:
         if self.evaluation is None or not is_due(self.evaluation.every, s.state.step, since=since):
             return
         evaluated = self.evaluation.run(s.state.step)
-        if s.accelerator.is_main_process:
+        if s.parallel.main:
             s.metrics.write({"step": s.state.step, **evaluated})
 
     def maybe_checkpoint(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
         if is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
             save_checkpoint(
-                s.run, state.step, accelerator=s.accelerator, model=s.model, tokenizer=s.tokenizer,
+                s.run, state.step, parallel=s.parallel, model=s.model, tokenizer=s.tokenizer,
                 optimizer=s.optimizer, scheduler=s.scheduler, state=s.checkpoint_state(),
                 keep=r.train.save_total_limit,
                 reference=s.reference if r.algorithm.ref_sync_steps else None,  # it moves: resume needs it
@@ -351,6 +334,19 @@ class Loop:
     def close(self) -> None:
         if self.prefetch:
             self.prefetch.close()
+
+
+def flat_groups(scored: Scored) -> torch.Tensor:
+    """`bool [B]`: the groups whose rewards have no spread."""
+    return zero_spread_groups(scored.rewards.view(-1, scored.rollouts.group_size))
+
+
+def keep_informative(parts: list[Scored], n: int) -> Scored:
+    """The first n groups with reward spread of the fill rounds (flat ones only where too few were found)."""
+    merged = Scored.concat(parts)
+    flat = flat_groups(merged).tolist()
+    order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
+    return merged.select(sorted(order[:n]))
 
 
 def training_parts(stats: dict[str, float]) -> dict[str, float]:

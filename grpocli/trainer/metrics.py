@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from grpocli.parallel import Parallel
 from grpocli.rewards import Scores, reward_metrics
 from grpocli.rundir import RunDir, read_jsonl_lines
-from grpocli.trainer.collectives import gather_floats, gather_rows
-from grpocli.trainer.rollouts import Rollouts
+from grpocli.trainer.rollouts import Advantages, Rollouts, Scored
 
 
 class MetricsLog:
@@ -72,7 +72,7 @@ def _step(row: dict[str, Any]) -> float:
     return step if isinstance(step, (int, float)) else math.inf
 
 
-def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any, *,
+def write_rollouts(run: RunDir, step: int, scored: Scored, advantages: Advantages, parallel: Parallel, *,
                    prompt_column: str = "prompt") -> None:
     """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage, and under
     "columns" the prompt's other dataset columns (the gold answer, ...), as eval's samples.jsonl.
@@ -80,26 +80,27 @@ def write_rollouts(run: RunDir, step: int, rollouts: Rollouts, accelerator: Any,
     Every process must call it: each one's rows are gathered in rank order and the main process
     writes them all; `group` is the group's index over all processes.
     """
+    rollouts = scored.rollouts
     g = rollouts.group_size
-    first = accelerator.process_index * rollouts.num_prompts
+    first = parallel.rank * rollouts.num_prompts
     columns = [dataset_columns(row, prompt_column) for row in rollouts.rows]  # [B]
     rows = [{
         "step": step,
         "group": first + i // g,
         "prompt": rollouts.rows[i // g]["prompt_text"],
         "completion": completion,
-        "rewards": {k: v[i] for k, v in rollouts.per_reward.items()},
-        "reward": float(rollouts.rewards[i]),
-        "advantage": float(rollouts.advantages[i]),
+        "rewards": {k: v[i] for k, v in scored.per_reward.items()},
+        "reward": float(scored.rewards[i]),
+        "advantage": float(advantages.values[i]),
         "truncated": bool(rollouts.truncated[i]),
-        "kept": bool(rollouts.keep[i]),
+        "kept": bool(advantages.keep[i]),
         "columns": columns[i // g],
-        **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in rollouts.extra.items()}}
-           if rollouts.extra else {}),
+        **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in scored.extra.items()}}
+           if scored.extra else {}),
         **({"conversation": rollouts.conversations[i]} if rollouts.conversations is not None else {}),
     } for i, completion in enumerate(rollouts.completions)]
-    rows = gather_rows(accelerator, rows)
-    if not accelerator.is_main_process:
+    rows = parallel.gather_rows(rows)
+    if not parallel.main:
         return
     run.rollouts.mkdir(parents=True, exist_ok=True)
     tmp = run.rollout_file(step).with_suffix(".tmp")
@@ -117,13 +118,13 @@ def dataset_columns(row: dict[str, Any], prompt_column: str) -> dict[str, Any]:
     return {k: _jsonable(v) for k, v in row.items() if k not in skip}
 
 
-def logged_metrics(accelerator: Any, logged: dict[str, list[float]]) -> dict[str, float]:
+def logged_metrics(parallel: Parallel, logged: dict[str, list[float]]) -> dict[str, float]:
     """The mean of each rewards' log_metric value over every process (TRL logs their mean)."""
-    names = sorted({name for names in gather_rows(accelerator, [sorted(logged)]) for name in names})
+    names = sorted({name for names in parallel.gather_rows([sorted(logged)]) for name in names})
     out = {}
     for name in names:
         values = logged.get(name, [])
-        sums = gather_floats(accelerator, torch.tensor([float(sum(values)), float(len(values))], dtype=torch.float64))
+        sums = parallel.gather(torch.tensor([float(sum(values)), float(len(values))], dtype=torch.float64))
         count = float(sums.view(-1, 2)[:, 1].sum())
         out[name] = float(sums.view(-1, 2)[:, 0].sum()) / count if count else math.nan
     return out
@@ -138,36 +139,36 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def reward_summary(accelerator: Any, part: Rollouts) -> dict[str, float]:
+def reward_summary(parallel: Parallel, part: Scored) -> dict[str, float]:
     """reward, reward_std and rewards/<name>/{mean,std,num_none,num_errors} over every process."""
-    rewards = gather_floats(accelerator, part.rewards)                          # [W*B*G]
+    rewards = parallel.gather(part.rewards)                                      # [W*B*G]
     per_reward = {}
     for name, values in part.per_reward.items():
         mine = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
-        every = gather_floats(accelerator, mine).tolist()                       # [W*B*G]
+        every = parallel.gather(mine).tolist()                                   # [W*B*G]
         per_reward[name] = [None if math.isnan(v) else v for v in every]
     names = list(part.per_reward)
-    errors = gather_floats(accelerator, torch.tensor([float(part.reward_errors.get(n, 0)) for n in names]))
+    errors = parallel.gather(torch.tensor([float(part.errors.get(n, 0)) for n in names]))
     counts = errors.view(-1, len(names)).sum(dim=0).tolist() if names else []  # [R] summed over processes
     scores = Scores(per_reward, rewards.tolist(), {n: int(c) for n, c in zip(names, counts) if c})
     return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
             **reward_metrics(scores)}
 
 
-def group_metrics(accelerator: Any, part: Rollouts, drop_flat: bool) -> dict[str, float]:
+def group_metrics(parallel: Parallel, part: Advantages, drop_flat: bool) -> dict[str, float]:
     """TRL's frac_reward_zero_std and open-instruct's real_batch_size_ratio (share of groups that
     enter the loss) over every process's groups of this batch."""
-    flat = gather_floats(accelerator, part.flat.float())                         # [W*B]
+    flat = parallel.gather(part.flat.float())                                   # [W*B]
     return {"frac_reward_zero_std": float(flat.mean()),
             "real_batch_size_ratio": float((1 - flat).mean()) if drop_flat else 1.0}
 
 
-def length_metrics(accelerator: Any, part: Rollouts) -> dict[str, float]:
+def length_metrics(parallel: Parallel, part: Rollouts) -> dict[str, float]:
     """TRL's completions/* metrics over every process. A multi-turn completion's length is the
     model's own tokens, as TRL counts it (tool turns are not the model's); its whole length, tool
     turns included (what generation.max_completion_length bounds), is completions/mean_total_length."""
-    lengths = gather_floats(accelerator, model_lengths(part))                   # [W*B*G]
-    truncated = gather_floats(accelerator, part.truncated.float()) > 0          # [W*B*G]
+    lengths = parallel.gather(part.model_lengths())                             # [W*B*G]
+    truncated = parallel.gather(part.truncated.float()) > 0                     # [W*B*G]
     terminated = lengths[~truncated]
     out = {
         "completions/mean_length": float(lengths.mean()),
@@ -177,11 +178,5 @@ def length_metrics(accelerator: Any, part: Rollouts) -> dict[str, float]:
         "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else 0.0,
     }
     if part.completion_mask is not None:  # multi-turn: model and tool tokens together
-        out["completions/mean_total_length"] = float(gather_floats(accelerator, part.completion_lengths()).mean())
+        out["completions/mean_total_length"] = float(parallel.gather(part.completion_lengths()).mean())
     return out
-
-
-def model_lengths(part: Rollouts) -> torch.Tensor:
-    """Each completion's tokens written by the model ([B*G]): all of a single-turn one's, a
-    multi-turn one's without its tool turns."""
-    return torch.tensor([part.loss_tokens(i) for i in range(len(part.completion_ids))], dtype=torch.float32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpocli.algorithms.variants import ADVANTAGES, IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, LOSSES, names
 from grpocli.errors import UserError
 from grpocli.recipe import Recipe
 
@@ -125,55 +126,52 @@ def _check_combinations(recipe: Recipe) -> None:
             where="generation.async_steps", valid="async_steps = 0, or fill_batch = false and no curriculum",
         )
     a = recipe.algorithm
-    if a.advantage_scale == "normalize_then_sum" and a.reward_combination != "sum":
+    if ADVANTAGES[a.advantage_scale].needs_components and a.reward_combination != "sum":
+        summing = names(ADVANTAGES, where=lambda e: not e.needs_components)
         raise UserError(
-            "advantage_scale = 'normalize_then_sum' (GDPO) normalizes each reward and sums them with "
-            f"their weights, which reward_combination = {a.reward_combination!r} is not (gating is not a "
-            "weighted sum)",
-            where="algorithm.advantage_scale", valid="normalize_then_sum with reward_combination = 'sum'",
-            hint="set algorithm.reward_combination = \"sum\", or another algorithm.advantage_scale "
-            "(e.g. \"group\")",
+            f"advantage_scale = {a.advantage_scale!r} normalizes each reward and sums them with their weights, "
+            f"which reward_combination = {a.reward_combination!r} is not (gating is not a weighted sum)",
+            where="algorithm.advantage_scale", valid=f"{a.advantage_scale} with reward_combination = 'sum'",
+            hint=f"set algorithm.reward_combination = \"sum\", or another algorithm.advantage_scale "
+            f"({', '.join(summing)})",
         )
     _check_loss_combinations(recipe)
 
 
-#: Losses whose per-token objective is the clipped surrogate (delta and clip_ratio_c apply to them).
-CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-#: Losses that sum token terms: a sequence-level ratio would weigh each sequence by its length.
-TOKEN_SUMS = ("bnpo", "dr_grpo", "dapo", "cispo")
-
-
 def _check_loss_combinations(recipe: Recipe) -> None:
-    """Loss settings that each validate but make no sense together (TRL warns or refuses)."""
+    """Loss settings that each validate but make no sense together (TRL warns or refuses); the
+    rules follow from the properties of each variant's entry (grpocli.algorithms.variants)."""
     a, v = recipe.algorithm, recipe.vllm
-    if a.kl_estimator == "full":
+    loss, kl = LOSSES[a.loss], KL_ESTIMATORS[a.kl_estimator]
+    if kl.refused:
+        raise UserError(kl.refused, where="algorithm.kl_estimator",
+                        valid=", ".join(names(KL_ESTIMATORS, where=lambda e: not e.refused)),
+                        hint="set algorithm.kl_estimator = \"low_var_kl\" (verl's GRPO default) or \"k3\" (TRL, DeepSeekMath)")
+    if loss.token_level_only and a.importance_sampling_level != "token":
         raise UserError(
-            "kl_estimator = 'full' (verl's name) needs the reference model's whole next-token distribution "
-            "at every completion token, not the sampled tokens' log-probs; verl's own KL loss raises "
-            "NotImplementedError for it too", where="algorithm.kl_estimator",
-            valid="k1, k2, k3, abs, kl, mse, low_var_kl",
-            hint="set algorithm.kl_estimator = \"low_var_kl\" (verl's GRPO default) or \"k3\" (TRL, DeepSeekMath)")
-    if a.loss == "vespo" and a.importance_sampling_level != "token":
-        raise UserError(
-            "loss = 'vespo' computes its own sequence-level weight from the token ratios; a sequence-level "
+            f"loss = {a.loss!r} computes its own sequence-level weight from the token ratios; a sequence-level "
             "importance_sampling_level would be ignored", where="algorithm.importance_sampling_level",
-            valid="'token' with vespo", hint="set algorithm.importance_sampling_level = \"token\"")
-    if a.importance_sampling_level == "sequence" and a.loss in TOKEN_SUMS:
+            valid=f"'token' with {a.loss}", hint="set algorithm.importance_sampling_level = \"token\"")
+    if a.importance_sampling_level == "sequence" and loss.sums_tokens:
+        per_sequence = names(LOSSES, where=lambda e: not (e.sums_tokens or e.token_level_only))
         raise UserError(
             f"importance_sampling_level = 'sequence' with loss = {a.loss!r} sums per-token terms, which "
             "weighs each sequence by its length instead of optimising GSPO's per-sequence objective",
             where="algorithm.importance_sampling_level",
-            valid="'sequence' with grpo (GSPO), sapo or luspo; 'token' with any loss",
+            valid=f"'sequence' with {', '.join(per_sequence)} (grpo: GSPO); 'token' with any loss",
             hint="set algorithm.loss = \"grpo\" for GSPO (or \"luspo\"), or importance_sampling_level = \"token\"")
     for key in ("delta", "clip_ratio_c"):
-        if getattr(a, key) is not None and a.loss not in CLIPPED:
+        if getattr(a, key) is not None and not loss.clipped:
+            clipped = ", ".join(names(LOSSES, where=lambda e: e.clipped))
             raise UserError(
                 f"algorithm.{key} bounds the clipped surrogate, which loss = {a.loss!r} does not use",
-                where=f"algorithm.{key}", valid=f"a value with loss {', '.join(CLIPPED)}; none otherwise",
+                where=f"algorithm.{key}", valid=f"a value with loss {clipped}; none otherwise",
                 hint=f"remove algorithm.{key}, or pick one of those losses")
-    if (a.loss == "vespo" and v.importance_sampling_correction and recipe.generation.backend != "hf"
-            and v.importance_sampling_mode.startswith("sequence")):
+    engine_weights = v.importance_sampling_correction and recipe.generation.backend != "hf"
+    if loss.token_level_only and engine_weights and IMPORTANCE_SAMPLING_MODES[v.importance_sampling_mode].per_sequence:
+        token_modes = names(IMPORTANCE_SAMPLING_MODES, where=lambda e: not e.per_sequence)
         raise UserError(
-            "loss = 'vespo' folds the engine's per-token importance weights into its sequence weight; it "
+            f"loss = {a.loss!r} folds the engine's per-token importance weights into its sequence weight; it "
             "needs a token-level correction (TRL refuses this too)", where="vllm.importance_sampling_mode",
-            valid="'token_truncate' or 'token_mask' with vespo", hint="set vllm.importance_sampling_mode = \"token_truncate\"")
+            valid=" or ".join(f"'{m}'" for m in token_modes) + f" with {a.loss}",
+            hint=f"set vllm.importance_sampling_mode = \"{token_modes[0]}\"")

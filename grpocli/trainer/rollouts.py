@@ -1,4 +1,14 @@
-"""`Rollouts`: one generation batch as every stage reads and extends it."""
+"""What one generation cycle hands from phase to phase (grpocli.trainer.loop), each value made
+once by its phase and never changed after:
+
+    Rollouts     phase 2, generate     B prompts x G completions, as the backend produced them
+    Scored       phase 3, rewards      the rollouts with their rewards
+    Advantages   phase 4, advantages   one per completion, and which groups enter the loss
+
+All are prompt-major: completions [i*G : (i+1)*G] belong to prompt i. `select(groups)` cuts any
+of them to some groups (the optimizer batches of a cycle, DAPO's fill rounds); `Scored.concat`
+joins fill rounds.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,11 @@ from typing import Any
 import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollouts:
-    """B prompts x G completions, prompt-major (rows [i*G:(i+1)*G] belong to prompt i)."""
+    """B prompts x G completions as generation made them (multi-turn: with their tool turns)."""
 
-    rows: list[dict[str, Any]]          # [B]   dataset rows (all columns)
+    rows: list[dict[str, Any]]          # [B]   dataset rows (all columns, prompt_text too)
     prompt_ids: list[list[int]]         # [B][Tp]
     completion_ids: list[list[int]]     # [B*G][Tc]
     completions: list[str]              # [B*G] decoded
@@ -23,16 +33,6 @@ class Rollouts:
     completion_mask: list[list[int]] | None = None    # [B*G][Tc] 1 on the model's tokens, 0 on tool turns
     conversations: list[list[dict[str, Any]]] | None = None  # [B*G] messages after the prompt
     environments: list[Any] | None = None            # [B*G] one environment per rollout
-    # filled by scoring
-    rewards: torch.Tensor | None = None             # [B*G] total reward
-    per_reward: dict[str, list[float | None]] = field(default_factory=dict)
-    reward_errors: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, list[Any]] = field(default_factory=dict)  # [B*G] each: rewards' log_extra columns
-    logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
-    # filled by advantages
-    advantages: torch.Tensor | None = None          # [B*G]
-    flat: torch.Tensor | None = None                # [B]   bool: the group's rewards have no spread
-    keep: torch.Tensor | None = None                # [B*G] bool: its group enters the loss
 
     @property
     def num_prompts(self) -> int:
@@ -47,11 +47,6 @@ class Rollouts:
         names = [k for k in self.rows[0] if k not in exclude] if self.rows else []
         return {k: [row[k] for row in self.rows for _ in range(self.group_size)] for k in names}
 
-    def extra_column(self, name: str) -> list[Any]:
-        """A log_extra column, one value per completion (None where a reward logged none)."""
-        values = self.extra.get(name, [])
-        return [values[i] if i < len(values) else None for i in range(len(self.completion_ids))]
-
     def completion_lengths(self) -> torch.Tensor:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)  # [B*G]
 
@@ -59,61 +54,102 @@ class Rollouts:
         """Tokens of completion i that can enter the loss: all of them, or the model's own (multi-turn)."""
         return len(self.completion_ids[i]) if self.completion_mask is None else sum(self.completion_mask[i])
 
+    def model_lengths(self) -> torch.Tensor:
+        """Each completion's tokens written by the model ([B*G]): all of a single-turn one's, a
+        multi-turn one's without its tool turns (as TRL counts completion lengths)."""
+        return torch.tensor([self.loss_tokens(i) for i in range(len(self.completion_ids))], dtype=torch.float32)
+
     def scored_completions(self) -> list[Any]:
         """What rewards get as ``completions``: the conversations (message lists) of multi-turn
         rollouts, else the decoded texts."""
         return self.conversations if self.conversations is not None else self.completions
 
+    def select(self, groups: list[int]) -> Rollouts:
+        """Only the given prompt groups (in that order)."""
+        idx = completions_of(groups, self.group_size)
+        return Rollouts(
+            rows=[self.rows[i] for i in groups], prompt_ids=[self.prompt_ids[i] for i in groups],
+            completion_ids=[self.completion_ids[i] for i in idx], completions=[self.completions[i] for i in idx],
+            truncated=self.truncated[torch.tensor(idx, dtype=torch.long)], group_size=self.group_size,
+            engine_logprobs=_picked(self.engine_logprobs, idx), completion_mask=_picked(self.completion_mask, idx),
+            conversations=_picked(self.conversations, idx), environments=_picked(self.environments, idx),
+        )
+
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
-        """Scored Rollouts of the same group size, one after the other."""
+        """Rollouts of the same group size, one after the other."""
         first = parts[0]
-        if len(parts) == 1:
-            return first
-        names = list(first.per_reward)
         return Rollouts(
-            rows=[r for p in parts for r in p.rows],
-            prompt_ids=[x for p in parts for x in p.prompt_ids],
+            rows=[r for p in parts for r in p.rows], prompt_ids=[x for p in parts for x in p.prompt_ids],
             completion_ids=[x for p in parts for x in p.completion_ids],
             completions=[x for p in parts for x in p.completions],
-            truncated=torch.cat([p.truncated for p in parts]),
-            group_size=first.group_size,
-            engine_logprobs=[x for p in parts for x in p.engine_logprobs] if first.engine_logprobs else None,
-            completion_mask=_joined(parts, "completion_mask"), conversations=_joined(parts, "conversations"),
-            environments=_joined(parts, "environments"),
-            rewards=torch.cat([p.rewards for p in parts]),
+            truncated=torch.cat([p.truncated for p in parts]), group_size=first.group_size,
+            engine_logprobs=_joined(parts, "engine_logprobs"), completion_mask=_joined(parts, "completion_mask"),
+            conversations=_joined(parts, "conversations"), environments=_joined(parts, "environments"),
+        )
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Rollouts and what the rewards said of them (grpocli.rewards.score), the total with DAPO's
+    overlong penalty."""
+
+    rollouts: Rollouts
+    rewards: torch.Tensor                                # [B*G] total reward
+    per_reward: dict[str, list[float | None]]            # [B*G] each reward's own values
+    errors: dict[str, int] = field(default_factory=dict)  # rows each reward scored None because it raised
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # [B*G] each: rewards' log_extra columns
+    logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
+
+    def extra_column(self, name: str) -> list[Any]:
+        """A log_extra column, one value per completion (None where a reward logged none)."""
+        values = self.extra.get(name, [])
+        return [values[i] if i < len(values) else None for i in range(len(self.rollouts.completion_ids))]
+
+    def select(self, groups: list[int]) -> Scored:
+        """Only the given prompt groups (in that order); the error counts and logged metrics stay whole."""
+        idx = completions_of(groups, self.rollouts.group_size)
+        return Scored(
+            rollouts=self.rollouts.select(groups), rewards=self.rewards[torch.tensor(idx, dtype=torch.long)],
+            per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()}, errors=dict(self.errors),
+            extra={k: [v[i] if i < len(v) else None for i in idx] for k, v in self.extra.items()},
+            logged_metrics=self.logged_metrics,
+        )
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        """Scored rollouts of the same group size and rewards, one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        names = list(parts[0].per_reward)
+        return Scored(
+            rollouts=Rollouts.concat([p.rollouts for p in parts]), rewards=torch.cat([p.rewards for p in parts]),
             per_reward={k: [x for p in parts for x in p.per_reward[k]] for k in names},
-            reward_errors={k: sum(p.reward_errors.get(k, 0) for p in parts) for k in names
-                           if any(p.reward_errors.get(k) for p in parts)},
+            errors={k: sum(p.errors.get(k, 0) for p in parts) for k in names if any(p.errors.get(k) for p in parts)},
             extra={k: [x for p in parts for x in p.extra_column(k)] for k in {k for p in parts for k in p.extra}},
             logged_metrics={k: [x for p in parts for x in p.logged_metrics.get(k, [])]
                             for k in {k for p in parts for k in p.logged_metrics}},
         )
 
-    def select_groups(self, groups: list[int]) -> Rollouts:
-        """A Rollouts holding only the given prompt groups (in that order)."""
-        g = self.group_size
-        idx = [i * g + j for i in groups for j in range(g)]
-        pick = torch.tensor(idx, dtype=torch.long)
-        return Rollouts(
-            rows=[self.rows[i] for i in groups],
-            prompt_ids=[self.prompt_ids[i] for i in groups],
-            completion_ids=[self.completion_ids[i] for i in idx],
-            completions=[self.completions[i] for i in idx],
-            truncated=self.truncated[pick],
-            group_size=g,
-            engine_logprobs=[self.engine_logprobs[i] for i in idx] if self.engine_logprobs else None,
-            completion_mask=_picked(self.completion_mask, idx), conversations=_picked(self.conversations, idx),
-            environments=_picked(self.environments, idx),
-            rewards=self.rewards[pick] if self.rewards is not None else None,
-            per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()},
-            reward_errors=dict(self.reward_errors),
-            extra={k: [v[i] if i < len(v) else None for i in idx] for k, v in self.extra.items()},
-            logged_metrics=self.logged_metrics,
-            advantages=self.advantages[pick] if self.advantages is not None else None,
-            flat=self.flat[torch.tensor(groups, dtype=torch.long)] if self.flat is not None else None,
-            keep=self.keep[pick] if self.keep is not None else None,
-        )
+
+@dataclass(frozen=True)
+class Advantages:
+    """The advantage of each completion and which of them enter the loss."""
+
+    values: torch.Tensor  # [B*G]
+    flat: torch.Tensor    # [B]   bool: the group's rewards have no spread
+    keep: torch.Tensor    # [B*G] bool: its group enters the loss
+
+    def select(self, groups: list[int]) -> Advantages:
+        """Only the given prompt groups (in that order)."""
+        group_size = len(self.values) // max(len(self.flat), 1)
+        idx = torch.tensor(completions_of(groups, group_size), dtype=torch.long)
+        return Advantages(self.values[idx], self.flat[torch.tensor(groups, dtype=torch.long)], self.keep[idx])
+
+
+def completions_of(groups: list[int], group_size: int) -> list[int]:
+    """The completion rows of the given prompt groups, in that order."""
+    return [i * group_size + j for i in groups for j in range(group_size)]
 
 
 def _joined(parts: list[Rollouts], name: str) -> list[Any] | None:

@@ -1,25 +1,35 @@
 """`Session`: everything the loop needs, opened in an order that fails early.
 
-Names (rewards, dataset, curriculum) and the run directory are checked before any model loads.
-The run's counters live in `RunState` (grpocli.trainer.state); the data position in the
-prompt stream; both are saved by checkpoints and restored here on resume.
+Names (rewards, dataset, curriculum, tools) and the run directory are checked before any model
+loads (grpocli.trainer.preflight). The parallel strategy (grpocli.parallel) is chosen once here,
+prepares the models, and is what the loop, the step, generation and checkpoints ask about the
+processes. The run's counters live in `RunState` (grpocli.trainer.state); the data position in
+the prompt stream; both are saved by checkpoints and restored here on resume.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from grpocli.data.stream import PromptStream
 from grpocli.errors import UserError
 from grpocli.inspection.alerts import Watch
-from grpocli.recipe import Resolved, to_toml
+from grpocli.parallel import Parallel
+from grpocli.recipe import Recipe, Resolved, to_toml
+from grpocli.rewards import RewardFn
 from grpocli.rundir import RunDir
 from grpocli.trainer.metrics import MetricsLog
 from grpocli.trainer.progress import Progress
+from grpocli.trainer.rollouts import Scored
 from grpocli.trainer.state import RunState
+
+if TYPE_CHECKING:
+    from grpocli.data.template import RenderedPrompts
+    from grpocli.recipe.schema import TrainSection
+    from grpocli.tools.turns import TurnLoop
 
 
 class TrainingStopped(UserError):
@@ -32,26 +42,31 @@ class TrainingStopped(UserError):
 class Session:
     resolved: Resolved
     run: RunDir
-    accelerator: Any
+    parallel: Parallel      # how the processes share the work (grpocli.parallel)
     tokenizer: Any
-    model: Any
-    reference: Any          # None when beta = 0; a ReferenceClient with algorithm.reference = "server"
+    model: Any              # the policy, prepared for training (DDP, FSDP2, a DeepSpeed engine)
+    reference: Any          # None when beta = 0; a model; a ReferenceClient with algorithm.reference = "server"
     optimizer: Any
     scheduler: Any
-    backend: Any
-    reward_fns: list
-    prompts: Any            # RenderedPrompts: dataset rows rendered on access
+    backend: Any            # grpocli.generation.base.GenerationBackend
+    reward_fns: list[RewardFn]
+    prompts: RenderedPrompts  # dataset rows rendered on access
     stream: PromptStream
-    curriculum: Any
+    curriculum: Callable[..., Any] | None
     progress: Progress
+    turns: TurnLoop | None = None  # multi-turn recipes (tools, environment)
     metrics: MetricsLog | None = None  # main process only
-    turns: Any = None       # grpocli.tools.turns.TurnLoop for multi-turn recipes (tools, environment)
     state: RunState = field(default_factory=RunState)
     watch: Watch = field(default_factory=Watch)
 
     @property
-    def recipe(self):
+    def recipe(self) -> Recipe:
         return self.resolved.recipe
+
+    @property
+    def policy(self) -> Any:
+        """The policy without the strategy's wrapper (what generation, weight syncs and the frozen passes use)."""
+        return self.parallel.unwrap(self.model)
 
     @property
     def epoch(self) -> float:
@@ -59,74 +74,61 @@ class Session:
 
     @classmethod
     def open(cls, resolved: Resolved) -> Session:
-        from accelerate import Accelerator
         from accelerate.utils import set_seed
 
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
+        from grpocli.parallel import start
         from grpocli.trainer.checkpoint import resume_point
-        from grpocli.trainer.deepspeed import (
-            accelerator_options,
-            describe,
-            whole_models,
-        )
-        from grpocli.trainer.deepspeed import configure as configure_deepspeed
         from grpocli.trainer.preflight import preflight
 
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
         resume_from = resume_point(run, r.train.resume, r.train.steps)
         checked = preflight(r)  # names first: a typo should not cost a model load
-        accelerator = Accelerator(**accelerator_options(), mixed_precision=r.train.mixed_precision,
-                                  log_with=r.log.report_to or None, project_dir=str(run.root))
-        zero_stage = configure_deepspeed(accelerator, r)  # None without DeepSpeed
+        parallel = start(r, run.root)
         set_seed(r.train.seed)
         if r.train.torch_threads:
             torch.set_num_threads(r.train.torch_threads)
-        dataset = checked.dataset
-        with whole_models(accelerator):  # ZeRO-3 partitions them at prepare, not at load
-            tokenizer, model, reference = _models(r)
-        prompts = RenderedPrompts(dataset, r.data, tokenizer)
-        model, reference, optimizer, scheduler = _prepare(accelerator, r, model, reference)
-        set_seed(r.train.seed + accelerator.process_index)  # each process samples differently
-        backend = build_backend(accelerator.unwrap_model(model), tokenizer, r, seed=torch.initial_seed() % 2**31)
-        s = cls(resolved=resolved, run=run, accelerator=accelerator, tokenizer=tokenizer, model=model,
-                reference=reference, optimizer=optimizer, scheduler=scheduler, backend=backend,
-                reward_fns=checked.reward_fns, prompts=prompts,
-                stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
-                curriculum=checked.curriculum,
-                progress=Progress(r.log.progress, r.train.steps, accelerator.is_main_process))
+        with parallel.loading():  # ZeRO-3 partitions the models at prepare, not at load
+            tokenizer, model, reference = _models(r, parallel)
+        prompts = RenderedPrompts(checked.dataset, r.data, tokenizer)
+        model, reference, optimizer, scheduler = parallel.prepare(model, reference, lambda m: _optimizer(r.train, m))
+        set_seed(r.train.seed + parallel.rank)  # each process samples differently
+        backend = build_backend(parallel.unwrap(model), tokenizer, r, seed=torch.initial_seed() % 2**31,
+                                parallel=parallel)
+        turns = None
         if checked.toolbox is not None:
             from grpocli.tools.turns import TurnLoop
 
-            s.turns = TurnLoop(checked.toolbox, tokenizer, r)
-        if zero_stage is not None:
-            s.progress.note(describe(accelerator, model, zero_stage), always=accelerator.is_main_process)
+            turns = TurnLoop(checked.toolbox, tokenizer, r, parallel)
+        s = cls(resolved=resolved, run=run, parallel=parallel, tokenizer=tokenizer, model=model,
+                reference=reference, optimizer=optimizer, scheduler=scheduler, backend=backend,
+                reward_fns=checked.reward_fns, prompts=prompts,
+                stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
+                curriculum=checked.curriculum, turns=turns,
+                progress=Progress(r.log.progress, r.train.steps, parallel.main))
+        described = parallel.describe(model)
+        if described:
+            s.progress.note(described, always=parallel.main)
         s._start(resume_from)
         return s
 
     def _start(self, resume_from: tuple[int, Any] | None) -> None:
         from grpocli.trainer.checkpoint import load_checkpoint
 
-        acc, r = self.accelerator, self.recipe
+        p, r = self.parallel, self.recipe
         if resume_from is not None:
-            saved = load_checkpoint(resume_from[1], accelerator=acc, model=self.model,
-                                    optimizer=self.optimizer, scheduler=self.scheduler,
-                                    reference=self.reference)
+            saved = load_checkpoint(resume_from[1], parallel=p, model=self.model, optimizer=self.optimizer,
+                                    scheduler=self.scheduler, reference=self.reference)
             self.state.load_state_dict(saved)
             self.stream.load_state_dict(saved)
-            self.backend.sync_weights(acc.unwrap_model(self.model))
+            self.backend.sync_weights(self.policy)
             self.progress.note(f"resuming from {resume_from[1]} (step {self.state.step})")
-        if acc.is_main_process:
+        if p.main:
             self.run.root.mkdir(parents=True, exist_ok=True)
-            # what ran, however it was launched: the processes, and the mixed precision accelerate
-            # applied (fp16 on CPU applies none)
-            from grpocli.trainer.sharding import FSDP2, is_sharded
-
-            deepspeed = acc.state.deepspeed_plugin is not None  # DeepSpeed's own bf16/fp16, not autocast
-            ran = {"num_processes": acc.num_processes,
-                   "mixed_precision": acc.mixed_precision if acc.native_amp or deepspeed else "no",
-                   "sharding": FSDP2 if is_sharded(acc.unwrap_model(self.model)) else "none"}
+            # what ran, however it was launched: the processes, the mixed precision applied, the sharding
+            ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.sharding}
             self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
                                        encoding="utf-8")
             self.metrics = MetricsLog(self.run, resume_step=self.state.step)
@@ -134,7 +136,7 @@ class Session:
             from grpocli.recipe import flatten
 
             config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(r).items()}
-            acc.init_trackers(self.resolved.name, config=config)  # flat scalars suit every tracker
+            p.accelerator.init_trackers(self.resolved.name, config=config)  # flat scalars suit every tracker
         self.progress.resume_at(self.state.step)
 
     # -- prompts -------------------------------------------------------------------------
@@ -142,22 +144,22 @@ class Session:
         """This process's share of the next n_global prompts (rendered rows)."""
         from grpocli.data.template import complete_rows
 
-        acc = self.accelerator
-        per = n_global // acc.num_processes
+        p = self.parallel
+        per = n_global // p.size
         chosen = self.state.take_pending()
         if chosen is not None:  # the curriculum chose them
             return complete_rows(chosen, self.recipe.data, self.tokenizer)[:per]
-        return self.stream.take(n_global)[acc.process_index * per : (acc.process_index + 1) * per]
+        return self.stream.take(n_global)[p.rank * per : (p.rank + 1) * per]
 
-    def after_generation(self, rollouts: Any) -> None:
+    def after_generation(self, scored: Scored) -> None:
         """Let the curriculum pick the next prompts from how these scored."""
         if self.curriculum is None:
             return
-        g = rollouts.group_size
+        rollouts, g = scored.rollouts, scored.rollouts.group_size
         rows = self.curriculum(
             prompts=[row["prompt"] for row in rollouts.rows],
             completions=[rollouts.completions[i * g : (i + 1) * g] for i in range(rollouts.num_prompts)],
-            rewards=rollouts.rewards.view(-1, g).tolist(), metas=rollouts.rows, state=self.state.curriculum_state,
+            rewards=scored.rewards.view(-1, g).tolist(), metas=rollouts.rows, state=self.state.curriculum_state,
             batch_size=rollouts.num_prompts, next_rows=self.stream, **self.recipe.train.curriculum_args,
         )
         self.state.pending_rows = list(rows) if rows is not None else None
@@ -175,13 +177,13 @@ class Session:
                 where=f"step {step}", valid="finite losses",
                 hint="lower train.learning_rate, set train.max_grad_norm, or on_nonfinite_loss = 'skip'",
             )
-        if self.accelerator.is_main_process:
+        if self.parallel.main:
             self.progress.note(f"step {step}: non-finite gradient norm; the update was skipped", always=True)
 
     def show(self, metrics: dict[str, Any]) -> None:
         """The progress display, and live alerts (no learning signal, truncation, ...) once they start to hold."""
         self.progress.update(metrics, self.recipe.train.steps)
-        if self.accelerator.is_main_process:
+        if self.parallel.main:
             for alert in self.watch.update(metrics):
                 self.progress.note(f"warning: {alert.render()}", always=True)
 
@@ -190,11 +192,11 @@ class Session:
         if self.metrics is not None:
             self.metrics.close()
         if self.recipe.log.report_to:
-            self.accelerator.end_training()
+            self.parallel.accelerator.end_training()
         self.backend.close()
 
 
-def _models(r: Any) -> tuple[Any, Any, Any]:
+def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:
     from grpocli.models import load_policy, load_reference, load_tokenizer
 
     tokenizer = load_tokenizer(r.model)
@@ -203,53 +205,25 @@ def _models(r: Any) -> tuple[Any, Any, Any]:
     if r.algorithm.beta > 0 and r.algorithm.reference == "server":  # a grpo ref-serve: no copy here
         from grpocli.reference.client import ReferenceClient
 
-        reference = ReferenceClient.connect(r.algorithm)
+        reference = ReferenceClient.connect(r.algorithm, parallel)
     elif r.algorithm.beta > 0:
         reference = load_reference(r.model, r.train.seed)
     return tokenizer, model, reference
 
 
-def _prepare(accelerator: Any, r: Any, model: Any, reference: Any) -> tuple[Any, Any, Any, Any]:
-    """The policy wrapped for data-parallel training (DDP, FSDP2: grpocli.trainer.sharding, or DeepSpeed
-    from accelerate's config: grpocli.trainer.deepspeed), its optimizer and schedule; under FSDP2 and
-    ZeRO-3 an in-process reference model is sharded the same way."""
-    from grpocli.trainer.sharding import FSDP2, mark, shard, sharding_of
-
-    if sharding_of(r, accelerator) != FSDP2:
-        from grpocli.trainer.deepspeed import zero3_reference
-
-        optimizer, scheduler = _optimizer(r, model)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        return model, zero3_reference(accelerator, reference), optimizer, scheduler
-    if accelerator.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
-        optimizer, scheduler = _optimizer(r, model)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        mark(model)
-    else:  # grpo shards: accelerate applies FSDP on GPUs only, and only from its config
-        model = shard(model, accelerator, r.train.mixed_precision)
-        optimizer, scheduler = _optimizer(r, model)  # over the shards
-        optimizer = accelerator.prepare(optimizer)
-    if isinstance(reference, torch.nn.Module):  # not a grpo ref-serve client: that holds no weights here
-        reference = shard(reference, accelerator, r.train.mixed_precision)
-    return model, reference, optimizer, scheduler
-
-
-def _optimizer(r: Any, model: Any) -> tuple[Any, Any]:
+def _optimizer(t: TrainSection, model: Any) -> tuple[Any, Any]:
+    """AdamW over the parameters to train (fused where torch has it for their dtype and device, as
+    TRL uses) and [train]'s learning-rate schedule."""
     from transformers import get_scheduler
 
-    t = r.train
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params) and all(
+        p.device.type in ("cpu", "cuda") for p in params)
     optimizer = torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                  weight_decay=t.weight_decay, fused=_fused_ok(params))
+                                  weight_decay=t.weight_decay, fused=fused)
     scheduler = get_scheduler(t.lr_scheduler, optimizer, num_warmup_steps=t.warmup_steps,
                               num_training_steps=t.steps)
     return optimizer, scheduler
-
-
-def _fused_ok(params: list) -> bool:
-    """Fused AdamW (one kernel for all parameters, as TRL uses) where torch has it for the dtype."""
-    return all(p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params) and all(
-        p.device.type in ("cpu", "cuda") for p in params)
 
 
 __all__ = ["Session", "TrainingStopped"]

@@ -1,6 +1,7 @@
-"""`RunState`: the run's counters, the part of a checkpoint that is neither weights nor optimizer.
+"""`RunState`: the run's counters, the part of a checkpoint that is neither weights nor optimizer;
+and `is_due`, the one rule for "every N steps" (checkpoints, evaluation, rollouts, reference refresh).
 
-The loop advances them; checkpoints save `state_dict()` and resume restores it with
+The loop advances the counters; checkpoints save `state_dict()` and resume restores it with
 `load_state_dict()`. The data position is the prompt stream's own state
 (`grpocli.data.stream.PromptStream.state_dict`), saved beside these in the same state.json.
 """
@@ -34,3 +35,17 @@ class RunState:
         """The rows the curriculum chose, once (None when it chose none)."""
         rows, self.pending_rows = self.pending_rows, None
         return rows
+
+
+def is_due(every: int | None, step: int, since: int | None = None) -> bool:
+    """True when something done every ``every`` optimizer steps is due at ``step``.
+
+    Without ``since``: ``step`` is a multiple of ``every``. With ``since`` (the step when it was
+    last considered, e.g. the start of a generation cycle of several optimizer steps): a multiple
+    of ``every`` lies in (since, step], so no multiple is skipped. ``every`` of 0 or None: never.
+    """
+    if not every or every <= 0:
+        return False
+    if since is None:
+        return step % every == 0
+    return step // every > since // every

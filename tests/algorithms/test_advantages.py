@@ -15,11 +15,12 @@ from grpocli.algorithms import (
     zero_spread_groups,
 )
 from grpocli.algorithms.advantages import (
-    NEEDS_COMPONENTS,
     normalize_then_sum_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
 )
+
+NEEDS_COMPONENTS = {name for name, entry in ADVANTAGES.items() if entry.needs_components}
 
 # Two prompts, three completions each.
 REWARDS = torch.tensor([[0.0, 1.0, 2.0], [3.0, 3.0, 3.0]])  # [B=2, G=3]
@@ -33,13 +34,13 @@ def test_table_names_match_the_recipe_values():
     names = {"group", "batch", "none", "centered", "rloo", "reinforce_pp", "normalize_then_sum"}
     assert set(ADVANTAGES) == names
     assert set(get_args(AlgorithmSection.model_fields["advantage_scale"].annotation)) == names
-    assert ADVANTAGES["group"] is group_scaled_advantages
-    assert ADVANTAGES["batch"] is batch_scaled_advantages
-    assert ADVANTAGES["none"] is centered_advantages
-    assert ADVANTAGES["centered"] is centered_advantages  # open-instruct's name for Dr. GRPO's
-    assert ADVANTAGES["rloo"] is rloo_advantages
-    assert ADVANTAGES["reinforce_pp"] is reinforce_pp_advantages
-    assert ADVANTAGES["normalize_then_sum"] is normalize_then_sum_advantages
+    assert ADVANTAGES["group"].fn is group_scaled_advantages
+    assert ADVANTAGES["batch"].fn is batch_scaled_advantages
+    assert ADVANTAGES["none"].fn is centered_advantages
+    assert ADVANTAGES["centered"].fn is centered_advantages  # open-instruct's name for Dr. GRPO's
+    assert ADVANTAGES["rloo"].fn is rloo_advantages
+    assert ADVANTAGES["reinforce_pp"].fn is reinforce_pp_advantages
+    assert ADVANTAGES["normalize_then_sum"].fn is normalize_then_sum_advantages
     assert NEEDS_COMPONENTS == {"normalize_then_sum"}
 
 
@@ -118,7 +119,7 @@ def test_normalize_then_sum_normalizes_each_reward_in_its_group_then_whitens():
     got = normalize_then_sum_advantages(TOTALS, components=COMPONENTS, weights=WEIGHTS)
     torch.testing.assert_close(got, expected)
     # the table entry takes the same keywords
-    torch.testing.assert_close(ADVANTAGES["normalize_then_sum"](TOTALS, components=COMPONENTS, weights=WEIGHTS),
+    torch.testing.assert_close(ADVANTAGES["normalize_then_sum"].fn(TOTALS, components=COMPONENTS, weights=WEIGHTS),
                                expected)
 
 
@@ -165,18 +166,18 @@ def test_normalize_then_sum_details():
 
 @pytest.mark.parametrize("name", sorted(set(ADVANTAGES) - NEEDS_COMPONENTS))
 def test_estimators_of_the_total_ignore_components(name):
-    fn = ADVANTAGES[name]
+    fn = ADVANTAGES[name].fn
     torch.testing.assert_close(fn(TOTALS, components=COMPONENTS, weights=WEIGHTS), fn(TOTALS))
 
 
 def test_centered_is_none_under_open_instructs_name():
-    torch.testing.assert_close(ADVANTAGES["centered"](REWARDS), torch.tensor([[-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
+    torch.testing.assert_close(ADVANTAGES["centered"].fn(REWARDS), torch.tensor([[-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_a_single_completion_gets_zero_advantage_not_nan(name):
     # G = 1 (B = 1 for batch): torch's unbiased std would be NaN; TRL uses 0 there
-    assert torch.equal(ADVANTAGES[name](torch.tensor([[0.7]])), torch.zeros(1, 1))
+    assert torch.equal(ADVANTAGES[name].fn(torch.tensor([[0.7]])), torch.zeros(1, 1))
 
 
 def test_zero_spread_groups():

@@ -10,11 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from grpocli.algorithms import (
-    IMPORTANCE_SAMPLING_MODES,
-    mismatch_sums,
-    truncated_importance_weights,
-)
+from grpocli.algorithms import IMPORTANCE_SAMPLING_MODES, mismatch_sums
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe, to_toml
 from grpocli.recipe.vllm_section import ImportanceSamplingMode, VllmSection
@@ -31,7 +27,7 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 
 def weights(mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
-    return IMPORTANCE_SAMPLING_MODES[mode](OLD, ENGINE, MASK, clip_min, clip_max)
+    return IMPORTANCE_SAMPLING_MODES[mode].fn(OLD, ENGINE, MASK, clip_min, clip_max)
 
 
 def test_the_table_has_trl_names_and_the_schema_offers_them_all():
@@ -68,14 +64,6 @@ def test_sequence_mask_drops_sequences_outside_the_bounds():
     torch.testing.assert_close(weights("sequence_mask", None, None), torch.tensor([[E], [math.exp(-2)]]))
 
 
-def test_the_earlier_truncated_weights_are_token_truncate_without_lower_bound():
-    old = torch.tensor([[0.0, -1.0, -2.0]])
-    engine = torch.tensor([[0.0, -2.0, -1.0]])
-    # exp(0) = 1; exp(-1 - -2) = e = 2.718 -> capped at 2; exp(-2 - -1) = 1/e = 0.3679
-    w = truncated_importance_weights(old, engine, cap=2.0)
-    torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, math.exp(-1)]]))
-
-
 @pytest.mark.parametrize("mode", sorted(IMPORTANCE_SAMPLING_MODES))
 def test_micro_batch_weights_are_masked_tokens_or_one_per_sequence(mode):
     from grpocli.trainer.mismatch import importance_weights
@@ -83,10 +71,10 @@ def test_micro_batch_weights_are_masked_tokens_or_one_per_sequence(mode):
     # engine log-probs per rollout (ragged); the third sequence has no loss token
     part = SimpleNamespace(engine_logprobs=[[0.0, -2.0, -1.0], [-1.0, -1.0], [-1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
-    mb = SimpleNamespace(index=torch.tensor([0, 1, 2]), loss_mask=mask, is_weight=None,
-                         old_logp=torch.tensor([[0.0, -1.0, -2.0], [-1.0, -3.0, 0.0], [0.0, 0.0, 0.0]]))
+    mb = SimpleNamespace(index=torch.tensor([0, 1, 2]), loss_mask=mask)
+    old = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -3.0, 0.0], [0.0, 0.0, 0.0]])
     vllm = VllmSection(importance_sampling_mode=mode, importance_sampling_clip_max=2.0)
-    sums = importance_weights(part, [mb], vllm)
+    (is_weight,), sums = importance_weights(part, (mb,), (old,), vllm)
     assert sums["tokens"] == 5.0  # the metrics stay those of the raw ratio
     expected = {
         "token_truncate": [[1.0, 2.0, math.exp(-1)], [1.0, math.exp(-2), 0.0], [0.0, 0.0, 0.0]],
@@ -94,7 +82,7 @@ def test_micro_batch_weights_are_masked_tokens_or_one_per_sequence(mode):
         "sequence_truncate": [[1.0], [math.exp(-2)], [0.0]],  # log-ratios 0, -2; no loss token -> 0
         "sequence_mask": [[1.0], [math.exp(-2)], [0.0]],
     }[mode]
-    torch.testing.assert_close(mb.is_weight, torch.tensor(expected))
+    torch.testing.assert_close(is_weight, torch.tensor(expected))
 
 
 def test_defaults_are_todays_training_and_trl_names_are_accepted():

@@ -6,7 +6,9 @@ import pytest
 import torch
 import transformers
 
-from grpocli.algorithms import logprobs_from_model, token_entropy, token_logprobs
+from grpocli.algorithms import token_entropy, token_logprobs
+from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.algorithms.packing import Layout, build_rows
 
 # One position, vocabulary of 3, logits (0, 0, ln 2): exp -> 1, 1, 2; sum 4; p = .25, .25, .5
 HAND = torch.tensor([[[0.0, 0.0, math.log(2.0)]]])  # [N=1, T=1, V=3]
@@ -86,55 +88,40 @@ def _tiny_lm() -> transformers.PreTrainedModel:
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
-def test_model_logprobs_match_a_full_forward_with_left_padding():
+SEQUENCES = [(0, [5, 6, 7, 8], [9, 10, 11]), (1, [7, 8], [12, 13, 14, 15])]  # (group, prompt, completion)
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed", "shared"])
+def test_sequence_logprobs_match_a_full_forward_of_each_sequence(kind):
+    """Each layout's rows give every completion token's log-prob (and entropy) at the sampling
+    temperature, as one forward over that sequence alone does."""
     model = _tiny_lm()
-    # prompts of 4 columns (row 1 left-padded by 2), completions of 3 columns
-    input_ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [0, 0, 7, 8, 12, 13, 14]])  # [N=2, L=7]
-    attention_mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
-    logp, entropy = logprobs_from_model(
-        model, input_ids, attention_mask, logits_to_keep=3, temperature=0.9, with_entropy=True, chunk_tokens=2
-    )
-    full = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [N, L, V]
-    # logits at positions 3..5 score the completion tokens at 4..6
-    naive, naive_entropy = _naive(full[:, 3:6], input_ids[:, 4:], temperature=0.9)
-    torch.testing.assert_close(logp, naive)
-    torch.testing.assert_close(entropy, naive_entropy)
-    assert logp.shape == (2, 3) and (logp < 0).all()
+    rows = build_rows(SEQUENCES, Layout(kind))
+    logp, entropy = sequence_logprobs(model, rows, 0.9, with_entropy=True)            # [n, T]
+    for n, (_, prompt, completion) in enumerate(SEQUENCES):
+        full = model(input_ids=torch.tensor([prompt + completion])).logits[0]          # [L, V]
+        naive, naive_entropy = _naive(full[len(prompt) - 1 : -1][None], torch.tensor([completion]), 0.9)
+        torch.testing.assert_close(logp[n, : len(completion)], naive[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(entropy[n, : len(completion)], naive_entropy[0], atol=1e-5, rtol=1e-5)
+        assert (logp[n, len(completion) :] == 0).all()  # past the completion: masked
+    assert logp.shape == (2, 4) and (logp[rows.loss_mask > 0] < 0).all()
 
 
-def test_model_gradients_match_the_naive_path():
+def test_sequence_logprob_gradients_match_the_naive_path():
     model = _tiny_lm().train()
-    input_ids = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
-    logp, _ = logprobs_from_model(model, input_ids, logits_to_keep=4, chunk_tokens=3)
+    logp, _ = sequence_logprobs(model, build_rows(SEQUENCES, Layout("padded")), 1.0)
     logp.sum().backward()
     mine = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    naive, _ = _naive(model(input_ids=input_ids).logits[:, 1:5], input_ids[:, 2:])
-    naive.sum().backward()
+    total = 0
+    for _, prompt, completion in SEQUENCES:
+        full = model(input_ids=torch.tensor([prompt + completion])).logits              # [1, L, V]
+        total = total + _naive(full[:, len(prompt) - 1 : -1], torch.tensor([completion]))[0].sum()
+    total.backward()
     for a, p in zip(mine, model.parameters()):
-        torch.testing.assert_close(a, p.grad)
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_packed_rows_with_position_ids_match_separate_rows():
-    model = _tiny_lm()
-    first, second = [3, 4, 5, 6], [7, 8, 9]
-    separate = [
-        logprobs_from_model(model, torch.tensor([seq]), logits_to_keep=len(seq) - 1)[0][0]
-        for seq in (first, second)
-    ]
-    packed_ids = torch.tensor([first + second])  # [1, 7]
-    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])
-    packed, _ = logprobs_from_model(model, packed_ids, None, logits_to_keep=6, position_ids=position_ids)
-    # packed[0, j] scores token j + 1: tokens 1..3 are `first`, token 4 starts `second` (no
-    # logprob of its own), tokens 5..6 are the rest of `second`
-    torch.testing.assert_close(packed[0, :3], separate[0])
-    torch.testing.assert_close(packed[0, 4:], separate[1])
-    # without the restarting positions, `second` attends to `first`: the numbers change
-    unpacked, _ = logprobs_from_model(model, packed_ids, None, logits_to_keep=6)
-    assert not torch.allclose(unpacked[0, 4:], separate[1])
-
-
-def test_logits_to_keep_must_leave_a_context_token():
-    model = _tiny_lm()
-    with pytest.raises(ValueError, match="logits_to_keep"):
-        logprobs_from_model(model, torch.tensor([[1, 2, 3]]), logits_to_keep=3)
+def test_a_sequence_needs_a_prompt_token():
+    with pytest.raises(ValueError, match="empty prompt"):
+        build_rows([(0, [], [1, 2])], Layout("padded"))

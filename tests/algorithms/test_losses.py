@@ -7,15 +7,25 @@ import torch
 
 from grpocli.algorithms import (
     LOSSES,
-    SURROGATES,
     LossNorm,
+    PolicyTerms,
+    SurrogateSettings,
     bnpo_loss,
-    clipped_surrogate,
+    clip_surrogate,
     dapo_loss,
     dr_grpo_loss,
     grpo_loss,
     luspo_loss,
 )
+
+
+def clipped_surrogate(logp, old_logp, advantages, epsilon_low, epsilon_high):
+    """The clipped surrogate of `logp` against `old_logp` (token ratios, every token in the mask)."""
+    log_ratio = logp - old_logp
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    x = PolicyTerms(logp=logp, log_ratio=log_ratio, ratio=log_ratio.exp(), advantages=adv,
+                    mask=torch.ones_like(logp))
+    return clip_surrogate(x, SurrogateSettings(epsilon_low=epsilon_low, epsilon_high=epsilon_high))
 
 # Two sequences of two tokens with ratios pi/pi_old:
 #   row 0 (A = +1): ratios 1.5, 0.5      row 1 (A = -2): ratios 0.5, 1.5
@@ -74,9 +84,9 @@ def _norm(micro_batches: int = 1) -> LossNorm:
 
 
 def test_table():
-    assert LOSSES == {"grpo": grpo_loss, "bnpo": bnpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss,
-                      "cispo": dapo_loss, "sapo": grpo_loss, "luspo": luspo_loss, "vespo": dapo_loss}
-    assert set(SURROGATES) == set(LOSSES)
+    aggregations = {name: entry.aggregation_fn for name, entry in LOSSES.items()}
+    assert aggregations == {"grpo": grpo_loss, "bnpo": bnpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss,
+                            "cispo": dapo_loss, "sapo": grpo_loss, "luspo": luspo_loss, "vespo": dapo_loss}
 
 
 def test_luspo_and_token_mean_override_by_hand():
@@ -116,7 +126,7 @@ SPLITS = [
 def _split_total(name: str, split) -> tuple[float, torch.Tensor]:
     leaf = LOSS.clone().requires_grad_()
     norm = _norm(micro_batches=len(split))
-    total = sum(LOSSES[name](leaf[r, c], MASK[r, c], norm) for r, c in split)
+    total = sum(LOSSES[name].aggregation_fn(leaf[r, c], MASK[r, c], norm) for r, c in split)
     total.backward()
     return total.item(), leaf.grad
 
@@ -160,8 +170,8 @@ def test_ddp_average_times_world_size_gives_the_batch_gradient():
 def test_empty_mask_gives_zero_not_nan():
     empty = torch.zeros(3, 3)
     norm = LossNorm(num_sequences=3, num_tokens=0, max_completion_length=4, num_micro_batches=1)
-    for fn in LOSSES.values():
-        value = fn(LOSS, empty, norm)
+    for entry in LOSSES.values():
+        value = entry.aggregation_fn(LOSS, empty, norm)
         assert not math.isnan(value.item()) and value.item() == 0.0
 
 

@@ -13,7 +13,7 @@ there every request gets `min_tokens = max_tokens` (vLLM masks the stop tokens u
 
 Phases are timed the same way on both sides by wrapping the framework's own functions:
     generation      grpo: backend.generate          TRL: _generate_single_turn
-    logprobs        grpo: fill_logprobs (old/ref)   TRL: _get_per_token_logps_and_entropies without grad
+    logprobs        grpo: frozen_logprobs (old/ref) TRL: _get_per_token_logps_and_entropies without grad
     loss_backward   grpo: micro_batch_loss + accelerator.backward
                     TRL: compute_loss + accelerator.backward
     optimizer       accelerator.clip_grad_norm_ + torch.optim.AdamW.step (both)
@@ -188,7 +188,7 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
     if MODELS[a.model]:
         resolved.recipe.rewards[0].args["target"] = a.target  # the default reward is `length`
     s = Session.open(resolved)
-    model = s.accelerator.unwrap_model(s.model)
+    model = s.policy
     clock.parameters = sum(p.numel() for p in model.parameters())
     model.generation_config.suppress_tokens = eos_ids(model)
     if a.backend == "vllm":
@@ -213,10 +213,10 @@ def run_grpo(a: argparse.Namespace, clock: PhaseClock) -> None:
 
     loop_module.Loop.record = recorded
     clock.wrap(s.backend, "sync_weights", "weight_sync")
-    clock.wrap(loop_module, "fill_logprobs", "logprobs")
+    clock.wrap(loop_module, "frozen_logprobs", "logprobs")
     clock.wrap(step_module, "micro_batch_loss", "loss_backward")
-    clock.wrap(s.accelerator, "backward", "loss_backward")
-    clock.wrap(s.accelerator, "clip_grad_norm_", "optimizer")
+    clock.wrap(s.parallel.accelerator, "backward", "loss_backward")
+    clock.wrap(s.parallel.accelerator, "clip_grad_norm_", "optimizer")
     clock.last = time.perf_counter()
     try:
         loop_module.Loop(s).run()

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
+from grpocli.parallel import Parallel
 
 OVERRIDES = ["generation.max_completion_length=12", "data.args={num_samples=40}"]
 
@@ -111,10 +112,10 @@ def test_evaluate_during_training(tmp_path):
     tokenizer = load_tokenizer(r.model)
     model = load_policy(r.model, r.train.seed)
     off = load_recipe("quickstart", OVERRIDES).recipe
-    assert PeriodicEval.open(off, tokenizer=tokenizer, backend=None, reward_fns=[], accelerator=None,
+    assert PeriodicEval.open(off, tokenizer=tokenizer, backend=None, reward_fns=[], parallel=Parallel.alone(),
                              run_root=tmp_path) is None  # eval.every = 0
     periodic = PeriodicEval.open(r, tokenizer=tokenizer, backend=HFBackend(model, tokenizer, max_prompt_length=64),
-                                 reward_fns=resolve(r.rewards, load_plugins().rewards), accelerator=None,
+                                 reward_fns=resolve(r.rewards, load_plugins().rewards), parallel=Parallel.alone(),
                                  run_root=tmp_path)
     assert periodic.every == 2 and len(periodic.rows) == 2
     rng = torch.get_rng_state()

@@ -12,6 +12,7 @@ from rich.console import Console
 from grpocli.errors import UserError
 from grpocli.evaluation.evaluator import eval_sampling
 from grpocli.recipe import load_recipe
+from grpocli.parallel import Parallel
 
 OVERRIDES = ["generation.max_completion_length=12", "data.args={num_samples=40}"]
 
@@ -70,7 +71,7 @@ def test_evaluation_during_training_uses_eval_sampling(tmp_path):
                                    "eval.max_tokens=2", "eval.top_p=0.9"]).recipe
     tokenizer = load_tokenizer(r.model)
     backend = HFBackend(load_policy(r.model, r.train.seed), tokenizer, max_prompt_length=64)
-    periodic = PeriodicEval.open(r, tokenizer=tokenizer, backend=backend, accelerator=None, run_root=tmp_path,
+    periodic = PeriodicEval.open(r, tokenizer=tokenizer, backend=backend, parallel=Parallel.alone(), run_root=tmp_path,
                                  reward_fns=resolve(r.rewards, load_plugins().rewards))
     metrics = periodic.run(1)
     assert metrics["eval/completions/mean_length"] <= 2
@@ -85,7 +86,7 @@ def test_colocated_engine_too_short_for_eval_max_tokens():
     r = load_recipe("quickstart", [*OVERRIDES, "eval.every=5", "eval.max_tokens=100",
                                    "generation.backend='vllm'", "data.max_prompt_length=64"]).recipe
     with pytest.raises(UserError) as err:
-        PeriodicEval.open(r, tokenizer=None, backend=None, reward_fns=[], accelerator=None, run_root=None)
+        PeriodicEval.open(r, tokenizer=None, backend=None, reward_fns=[], parallel=Parallel.alone(), run_root=None)
     assert err.value.where == "eval.max_tokens" and "vllm.max_model_len=164" in err.value.hint
     ok = r.model_copy(update={"vllm": r.vllm.model_copy(update={"max_model_len": 164})})
     check_engine_length(ok, eval_sampling(ok))  # fits now

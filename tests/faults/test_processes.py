@@ -1,10 +1,10 @@
 """Processes and the run-directory lock, with real processes and real signals.
 
 * SIGKILL of `grpo train ... train.num_processes=2` takes its launcher and both workers with it
-  (grpocli.trainer.processes), and leaves no stale lock: a resume right after it works.
+  (grpocli.launch.processes), and leaves no stale lock: a resume right after it works.
 * A user error that only the workers meet is printed once, exit 2, without a traceback.
 * A second `grpo train` on a run directory in use stops at once (exit 2, naming the holder)
-  and touches nothing; `grpo inspect` still reads the run (grpocli.trainer.lock).
+  and touches nothing; `grpo inspect` still reads the run (grpocli.launch.lock).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tiny_runs import FAST
 
 from grpocli.errors import UserError
 from grpocli.rundir import RunDir
-from grpocli.trainer.lock import holder, lock_path, run_lock
+from grpocli.launch.lock import holder, lock_path, run_lock
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -145,7 +145,7 @@ def test_a_second_run_on_a_directory_in_use_stops_and_touches_nothing(tmp_path):
 
 def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     run = RunDir(tmp_path / "run")
-    code = ("import sys, time\nfrom grpocli.rundir import RunDir\nfrom grpocli.trainer.lock import run_lock\n"
+    code = ("import sys, time\nfrom grpocli.rundir import RunDir\nfrom grpocli.launch.lock import run_lock\n"
             f"with run_lock(RunDir({str(run.root)!r})):\n    print('held', flush=True)\n    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -50,7 +50,7 @@ def _trained_peft(run: Path):
     """The trained policy as training holds it: a peft model, the checkpoint's adapters loaded the
     way resume loads them (grpocli.trainer.checkpoint.load_weights)."""
     from grpocli.models import load_policy
-    from grpocli.trainer.checkpoint import load_weights
+    from grpocli.models.files import load_weights
 
     r = load_recipe(str(run / "config.resolved.toml")).recipe
     policy = load_policy(r.model, r.train.seed)

@@ -17,9 +17,10 @@ from turn_fixtures import ROWS, SAMPLING, chatty_model, echo_loop, recipe, runs
 from grpocli.algorithms import LossNorm
 from grpocli.generation.hf import HFBackend
 from grpocli.trainer.batching import make_micro_batches
-from grpocli.trainer.packing import Layout
+from grpocli.algorithms.packing import Layout
 from grpocli.trainer.rollouts import Rollouts
-from grpocli.trainer.step import LossSettings, micro_batch_loss, sequence_logprobs
+from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.trainer.step import LossSettings, micro_batch_loss
 
 pytestmark = pytest.mark.slow
 
@@ -82,9 +83,8 @@ def _micro_batch(conv, r, layout):
     rollouts = Rollouts(rows=ROWS, prompt_ids=conv.generated.prompt_ids, completion_ids=conv.generated.completion_ids,
                         completions=[""] * len(conv.completion_mask), truncated=torch.tensor(conv.generated.truncated),
                         group_size=g, completion_mask=conv.completion_mask)
-    rollouts.advantages = torch.tensor([1.0, -1.0, 0.5] * len(ROWS))
-    rollouts.keep = torch.ones(len(conv.completion_mask), dtype=torch.bool)
-    return rollouts, make_micro_batches(rollouts, list(range(len(conv.completion_mask))), max_sequences=8,
+    advantages = torch.tensor([1.0, -1.0, 0.5] * len(ROWS))
+    return rollouts, make_micro_batches(rollouts, advantages, list(range(len(conv.completion_mask))), max_sequences=8,
                                         layout=layout)[0]
 
 
@@ -110,10 +110,12 @@ def test_tool_tokens_get_zero_gradient(sampled):
     _, mb = _micro_batch(conv, r, Layout("padded"))
     logp, entropy = sequence_logprobs(model, mb, 1.0, with_entropy=True)
     leaf = logp.detach().requires_grad_(True)                      # d loss / d log-prob of every token
-    settings = LossSettings.from_recipe(recipe("algorithm.loss='grpo'", "algorithm.entropy_coef=0.0"))
+    grpo = recipe("algorithm.loss='grpo'", "algorithm.entropy_coef=0.0")
+    settings = LossSettings.of(grpo.algorithm, grpo.generation)
     norm = LossNorm(num_sequences=mb.num_sequences, num_tokens=mb.num_tokens, max_completion_length=200,
                     num_micro_batches=1, world_size=1)
-    loss, _ = micro_batch_loss(model, mb, settings, norm, forward=lambda *a, **k: (leaf, entropy.detach()))
+    loss, _ = micro_batch_loss(model, mb, (None, None, None), settings, norm,
+                               forward=lambda *a, **k: (leaf, entropy.detach()))
     loss.backward()
     tool = torch.zeros_like(mb.loss_mask, dtype=torch.bool)
     for i, mask in enumerate(conv.completion_mask):
@@ -126,8 +128,7 @@ def test_completion_lengths_count_the_models_own_tokens(sampled):
     """completions/* count the model's tokens, as TRL's do; mean_total_length adds the tool turns."""
     from dataclasses import replace
 
-    from accelerate import Accelerator
-
+    from grpocli.parallel import Parallel
     from grpocli.trainer.metrics import length_metrics
 
     r, _, _, _, _, conv = sampled
@@ -136,7 +137,7 @@ def test_completion_lengths_count_the_models_own_tokens(sampled):
     whole = [float(len(ids)) for ids in conv.generated.completion_ids]
     terminated = [o for o, t in zip(own, conv.generated.truncated) if not t]
     assert sum(own) < sum(whole)                                   # tool turns were spliced in
-    acc = Accelerator(cpu=True)
+    acc = Parallel.alone()
     m = length_metrics(acc, rollouts)
     assert m["completions/mean_length"] == pytest.approx(sum(own) / len(own))
     assert (m["completions/min_length"], m["completions/max_length"]) == (min(own), max(own))

@@ -14,9 +14,9 @@ import torch
 from turn_fixtures import ROWS, SAMPLING, chatty_model, echo_loop, recipe, runs
 
 from grpocli.trainer.batching import make_micro_batches
-from grpocli.trainer.packing import Layout
+from grpocli.algorithms.packing import Layout
 from grpocli.trainer.rollouts import Rollouts
-from grpocli.trainer.step import sequence_logprobs
+from grpocli.algorithms.logprobs import sequence_logprobs
 
 
 def test_engine_and_trainer_logprobs_agree_on_a_multi_turn_sample():
@@ -69,8 +69,7 @@ def assert_engine_agrees(conv, model) -> None:
     rollouts = Rollouts(rows=ROWS, prompt_ids=conv.generated.prompt_ids, completion_ids=conv.generated.completion_ids,
                         completions=[""] * 6, truncated=torch.tensor(conv.generated.truncated), group_size=3,
                         completion_mask=conv.completion_mask, engine_logprobs=conv.generated.logprobs)
-    rollouts.advantages, rollouts.keep = torch.ones(6), torch.ones(6, dtype=torch.bool)
-    mb = make_micro_batches(rollouts, list(range(6)), max_sequences=8, layout=Layout("padded"))[0]
+    mb = make_micro_batches(rollouts, torch.ones(6), list(range(6)), max_sequences=8, layout=Layout("padded"))[0]
     trainer, _ = sequence_logprobs(model, mb, SAMPLING.temperature)              # [n, T]
     spliced = 0
     for i, (ids, mask, engine) in enumerate(zip(conv.generated.completion_ids, conv.completion_mask,

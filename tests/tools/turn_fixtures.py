@@ -61,11 +61,11 @@ def chatty_model(r: Any) -> tuple[Any, Any]:
     return model, tok
 
 
-def echo_loop(r: Any, tok: Any, *tools: Any) -> TurnLoop:
+def echo_loop(r: Any, tok: Any, *tools: Any, parallel: Any = None) -> TurnLoop:
     """The turn loop with `echo` (and `tools`) where every turn is read as a call of the first of
-    `tools` (else echo) with the turn's text."""
+    `tools` (else echo) with the turn's text (`parallel`: the processes' strategy, default one)."""
     box = Toolbox([tool_from_function(fn, "test") for fn in (echo, *tools)])
-    loop = TurnLoop(box, tok, r)
+    loop = TurnLoop(box, tok, r, parallel)
     first = (tools[0].__name__ if tools else "echo")
     loop.parse = lambda text: [ToolCall(first, {"text": text})]
     loop.strip = lambda text: text

@@ -15,45 +15,47 @@ import torch
 from accelerate import Accelerator
 from test_trainer_step import (  # this folder: the script's own (sys.path[0])
     SETTINGS,
+    micro_batches,
     rollouts,
 )
 
 from grpocli.models import build_char_tokenizer, build_tiny_model
+from grpocli.parallel import Parallel
+from grpocli.parallel.deepspeed import DeepSpeed, accelerator_options
 from grpocli.recipe.schema import Recipe, TinyModel
-from grpocli.trainer.batching import OptimizerBatch, make_micro_batches
-from grpocli.trainer.deepspeed import accelerator_options, configure, whole_models
-from grpocli.trainer.step import LossSettings, optimizer_step
+from grpocli.trainer.batching import OptimizerBatch
+from grpocli.trainer.step import Frozen, LossSettings, optimizer_step
 
 
-def whole(model, acc) -> list[torch.Tensor]:
+def whole(model, parallel) -> list[torch.Tensor]:
     """Every parameter whole (ZeRO-3: gathered), as CPU copies."""
-    from grpocli.generation.weights import zero3_gathered
-
-    module = acc.unwrap_model(model)
-    with zero3_gathered(module):
+    module = parallel.unwrap(model)
+    with parallel.whole_weights(module):
         return [p.detach().cpu().clone() for p in module.parameters()]
 
 
 def main() -> None:
     precision = sys.argv[1] if len(sys.argv) > 1 else "no"
     acc = Accelerator(**accelerator_options(), mixed_precision=precision)
-    stage = configure(acc, Recipe(train={"mixed_precision": precision}))
+    if acc.state.deepspeed_plugin is not None:
+        parallel = DeepSpeed(acc, Recipe(train={"mixed_precision": precision}))
+    else:
+        parallel = Parallel(acc)
+    stage = getattr(parallel, "stage", None)
     tok = build_char_tokenizer()
-    with whole_models(acc):  # the same initial weights under every stage
+    with parallel.loading():  # the same initial weights under every stage
         model = build_tiny_model(TinyModel(hidden_size=32, num_layers=1, num_heads=1, intermediate_size=64), tok, 0)
-    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _, opt, _ = parallel.prepare(model, None, lambda m: (torch.optim.SGD(m.parameters(), lr=0.1), None))
     settings = LossSettings(loss="dapo", **SETTINGS)
-    before = whole(model, acc)
-    bad = rollouts(tok, [float("inf"), -1, 1, 0.5, 1, -1, 0.5, -0.5])
-    skipped = optimizer_step(acc, model, opt, OptimizerBatch(make_micro_batches(bad, list(range(8)), pad_id=0,
-                                                                                max_sequences=4)),
-                             settings, max_grad_norm=1.0)
-    after_bad = whole(model, acc)
-    good = rollouts(tok, [1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5])
-    stepped = optimizer_step(acc, model, opt, OptimizerBatch(make_micro_batches(good, list(range(8)), pad_id=0,
-                                                                                max_sequences=4)),
-                             settings, max_grad_norm=1.0)
-    after_good = whole(model, acc)
+    before = whole(model, parallel)
+    bad = micro_batches(rollouts(tok, [float("inf"), -1, 1, 0.5, 1, -1, 0.5, -0.5]), list(range(8)), pad_id=0,
+                        max_sequences=4)
+    skipped = optimizer_step(parallel, model, opt, OptimizerBatch(bad), Frozen(), settings, max_grad_norm=1.0)
+    after_bad = whole(model, parallel)
+    good = micro_batches(rollouts(tok, [1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5]), list(range(8)), pad_id=0,
+                         max_sequences=4)
+    stepped = optimizer_step(parallel, model, opt, OptimizerBatch(good), Frozen(), settings, max_grad_norm=1.0)
+    after_good = whole(model, parallel)
     line = json.dumps({
         "rank": acc.process_index, "stage": stage, "precision": precision,
         "bad": {"skipped": skipped["skipped"], "grad_norm_finite": math.isfinite(skipped["grad_norm"]),

@@ -1,6 +1,6 @@
 """Peak memory of an FSDP2 weight sync, per process: `torchrun --nproc_per_node 2 THIS [LAYERS HIDDEN [lora]]`.
 
-Shards a Qwen2 model over the processes (grpocli.trainer.sharding.shard), then syncs its weights
+Shards a Qwen2 model over the processes (grpocli.parallel.fsdp2.shard), then syncs its weights
 twice, as the two backends do: every process walks them (a colocated engine each), and the main
 one packs 8 MiB buckets (the HTTP bodies `grpo vllm-serve` takes) while the others take part.
 Prints one JSON line per process and sync: the growth of its peak RSS over its RSS before the
@@ -85,7 +85,7 @@ def _lora_checks(model, plain) -> dict:
     """What a colocated sync of the sharded peft `model` sends against `plain` (the same model,
     unsharded) merged by peft's merge_and_unload; and the sharded base weights after the unmerge."""
     from grpocli.generation.weights import policy_weights
-    from grpocli.trainer.sharding import full_state
+    from grpocli.parallel.fsdp2 import full_state
 
     initial = {name: t.clone() for name, t in plain.state_dict().items()}
     expected = plain.merge_and_unload().state_dict()
@@ -108,7 +108,7 @@ def main(layers: int, hidden: int, lora: bool = False) -> None:
     import torch.distributed as dist
     from accelerate import Accelerator
 
-    from grpocli.trainer.sharding import shard
+    from grpocli.parallel.fsdp2 import shard
 
     acc = Accelerator(cpu=True)
     model = _model(layers, hidden, lora)

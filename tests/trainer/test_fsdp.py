@@ -99,14 +99,14 @@ def test_weight_sync_gathers_one_tensor_at_a_time():
 def test_fsdp_version_1_from_accelerate_is_refused(monkeypatch):
     from grpocli.errors import UserError
     from grpocli.recipe.schema import Recipe
-    from grpocli.trainer.sharding import sharding_of
+    from grpocli.parallel.fsdp2 import sharding_of
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(UserError, match="FSDP version 1"):
-        sharding_of(Recipe(), accelerator=None)
+        sharding_of(Recipe().train.sharding, accelerator=None)
     monkeypatch.setenv("FSDP_VERSION", "2")
-    assert sharding_of(Recipe(), accelerator=None) == "fsdp2"
+    assert sharding_of(Recipe().train.sharding, accelerator=None) == "fsdp2"
 
 
 # -- LoRA under FSDP2 -----------------------------------------------------------------------

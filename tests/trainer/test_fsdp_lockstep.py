@@ -55,7 +55,7 @@ def slow_length(prompts, completions, **kwargs):
 
 
 # -- the worker: torchrun --nproc_per_node 2 THIS PART... ------------------------------------
-def _uneven(sharded, alone, tok, rank) -> dict:
+def _uneven(sharded, alone, tok, rank, parallel) -> dict:
     """Rank 0: 3 prompts, rank 1: a 1-token one (no shared prefill: an idle pass instead);
     2 prompts a call: 2 calls against 1."""
     import torch
@@ -73,7 +73,7 @@ def _uneven(sharded, alone, tok, rank) -> dict:
             "prompt_lengths": [len(x) for x in ids]}
 
 
-def _no_rows(sharded, alone, tok, rank) -> dict:
+def _no_rows(sharded, alone, tok, rank, parallel) -> dict:
     """Evaluation with rows on rank 0 only: rank 1 still takes part in its generate call."""
     import torch
 
@@ -93,14 +93,14 @@ def _no_rows(sharded, alone, tok, rank) -> dict:
     return {"records": len(out["sharded"]), "same": out["sharded"] == out["alone"]}
 
 
-def _turns(sharded, alone, tok, rank) -> dict:
+def _turns(sharded, alone, tok, rank, parallel) -> dict:
     """Multi-turn rollouts: on rank 0 every turn is a tool call (up to 4 turns), on rank 1 none
     is (its rollouts end after turn 1), so rank 1 makes empty calls while rank 0 goes on."""
     import torch
     from turn_fixtures import ROWS, SAMPLING, echo_loop, recipe
 
     r = recipe()
-    loop = echo_loop(r, tok)
+    loop = echo_loop(r, tok, parallel=parallel)
     if rank == 1:
         loop.parse = lambda text: []
     out = {}
@@ -121,22 +121,25 @@ def _worker(parts: list[str]) -> None:
     from accelerate import Accelerator
     from turn_fixtures import chatty_model, recipe
 
+    from torch.distributed.fsdp import FSDPModule
+
     from grpocli.generation.hf import HFBackend
-    from grpocli.trainer.sharding import is_sharded, shard
+    from grpocli.parallel.fsdp2 import Fsdp2, shard
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)
+    parallel = Fsdp2(acc)
     torch.manual_seed(0)
     model, tok = chatty_model(recipe())  # the same weights on both processes (seeded)
     plain = copy.deepcopy(model)         # the same model, unsharded: what sharded generation must equal
     shard(model, acc)
-    assert is_sharded(model)
-    sharded = HFBackend(model, tok, max_prompt_length=512, batch_size=4)
+    assert isinstance(model, FSDPModule)
+    sharded = HFBackend(model, tok, max_prompt_length=512, batch_size=4, parallel=parallel)
     alone = HFBackend(plain, tok, max_prompt_length=512, batch_size=4)
     functions = {"uneven": _uneven, "no_rows": _no_rows, "turns": _turns}
     line = {"rank": acc.process_index}
     for part in parts:
-        line[part] = functions[part](sharded, alone, tok, acc.process_index)
+        line[part] = functions[part](sharded, alone, tok, acc.process_index, parallel)
     dist.barrier()
     os.write(1, (json.dumps(line) + "\n").encode())  # one write: the two lines never interleave
     dist.destroy_process_group()

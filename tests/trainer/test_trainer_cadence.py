@@ -9,7 +9,7 @@ import torch
 from tiny_runs import TINY_MODEL
 
 from grpocli.recipe import load_recipe
-from grpocli.trainer.cadence import is_due
+from grpocli.trainer.state import is_due
 from grpocli.trainer.loop import Loop, train
 
 FAST = [
@@ -40,7 +40,7 @@ def test_reference_refresh_every_ref_sync_steps_optimizer_steps(tmp_path, monkey
         after = list(self.s.reference.parameters())
         if any(not torch.equal(a, b) for a, b in zip(after, before)):
             refreshed.append(self.s.state.step)
-            policy = self.s.accelerator.unwrap_model(self.s.model)
+            policy = self.s.policy
             assert all(torch.equal(a, p) for a, p in zip(after, policy.parameters()))  # alpha = 1: a copy
 
     monkeypatch.setattr(Loop, "maybe_refresh_reference", spy)
@@ -60,7 +60,7 @@ def test_lora_reference_refresh_mixes_the_merged_policy(tmp_path, monkeypatch):
     def spy(self):
         original(self)
         if self.s.state.step % 2 == 0:
-            policy = self.s.accelerator.unwrap_model(self.s.model)
+            policy = self.s.policy
             expected = copy.deepcopy(policy).merge_and_unload().state_dict()  # peft's own merge
             for name, tensor in self.s.reference.state_dict().items():
                 assert torch.allclose(tensor, expected[name], atol=1e-6), name

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from accelerate import Accelerator
 
 from grpocli.algorithms import LossNorm
+from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.algorithms.packing import Layout, choose_layout, pack_row, pad_rows
 from grpocli.generation.base import Sampling
 from grpocli.generation.hf import HFBackend
 from grpocli.models import build_char_tokenizer, build_tiny_model
+from grpocli.parallel import Parallel
 from grpocli.recipe.schema import TinyModel
 from grpocli.trainer.batching import (
     OptimizerBatch,
     make_micro_batches,
     select_sequences,
 )
-from grpocli.trainer.packing import Layout, choose_layout, pack_row, pad_rows
-from grpocli.trainer.rollouts import Rollouts
+from grpocli.trainer.rollouts import Advantages, Rollouts
 from grpocli.trainer.step import (
     LossSettings,
     global_counts,
     micro_batch_loss,
     packing_stats,
-    sequence_logprobs,
 )
 
 TINY = TinyModel(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
@@ -35,15 +37,20 @@ def model_for(attn: str, tok=None, seed: int = 0):
     return build_tiny_model(TINY, tok or build_char_tokenizer(), seed, attn_implementation=attn)
 
 
-def rollouts(tok, advantages=(1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5)) -> Rollouts:
+def rollouts(tok, advantages=(1.0, -1, 1, 0.5, 1, -1, 0.5, -0.5)) -> tuple[Rollouts, Advantages]:
     prompts = ["1+2=", "30+4="]
     texts = ["3", "4<|im_end|>", "33", "12345", "34", "3", "43", "34<|im_end|>"]
     enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     n = len(texts)
-    return Rollouts(rows=[{}, {}], prompt_ids=[enc(p) for p in prompts], completion_ids=[enc(t) for t in texts],
-                    completions=texts, truncated=torch.zeros(n, dtype=torch.bool), group_size=4,
-                    rewards=torch.zeros(n), advantages=torch.tensor(advantages, dtype=torch.float32),
-                    keep=torch.ones(n, dtype=torch.bool))
+    return (Rollouts(rows=[{}, {}], prompt_ids=[enc(p) for p in prompts], completion_ids=[enc(t) for t in texts],
+                     completions=texts, truncated=torch.zeros(n, dtype=torch.bool), group_size=4),
+            Advantages(torch.tensor(advantages, dtype=torch.float32), torch.zeros(2, dtype=torch.bool),
+                       torch.ones(n, dtype=torch.bool)))
+
+
+def micro_batches(r, indices, **kwargs):
+    """make_micro_batches of (rollouts, advantages)."""
+    return make_micro_batches(r[0], r[1].values, indices, **kwargs)
 
 
 @torch.no_grad()
@@ -84,8 +91,8 @@ def test_pack_row_layout_by_hand():
 def test_logprobs_in_every_layout_equal_each_sequence_alone(attn, kind):
     tok = build_char_tokenizer()
     model = model_for(attn, tok)
-    r = rollouts(tok)
-    (mb,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout(kind))
+    r, _ = rollouts(tok)
+    (mb,) = micro_batches(rollouts(tok), list(range(8)), max_sequences=8, layout=Layout(kind))
     assert mb.input_ids.shape[0] == (8 if kind == "padded" else 1) and mb.num_sequences == 8
     with torch.no_grad():
         logp, entropy = sequence_logprobs(model, mb, 0.7, with_entropy=True)  # [8, T]
@@ -100,14 +107,12 @@ def test_packing_without_restarting_positions_would_leak_attention():
     """The check above can fail: the same row read as one long sequence scores differently."""
     tok = build_char_tokenizer()
     model = model_for("sdpa", tok)
-    r = rollouts(tok)
-    (mb,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("packed"))
+    (mb,) = micro_batches(rollouts(tok), list(range(8)), max_sequences=8, layout=Layout("packed"))
     leaky = mb.position_ids.clone()
     leaky[0] = torch.arange(leaky.shape[1])
     with torch.no_grad():
         good, _ = sequence_logprobs(model, mb, 1.0)
-        mb.position_ids = leaky
-        bad, _ = sequence_logprobs(model, mb, 1.0)
+        bad, _ = sequence_logprobs(model, dataclasses.replace(mb, position_ids=leaky), 1.0)
     assert (good[1:] - bad[1:]).abs().max() > 1e-3  # every sequence after the first changes
 
 
@@ -132,23 +137,23 @@ def test_layout_follows_the_attention_implementation():
 def test_long_shared_rows_are_padded_instead():
     tok = build_char_tokenizer()
     r = rollouts(tok)
-    (short,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared", max_shared_row=19))
-    (long,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared", max_shared_row=18))
+    (short,) = micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared", max_shared_row=19))
+    (long,) = micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared", max_shared_row=18))
     assert short.input_ids.shape == (1, 19) and long.input_ids.shape == (8, 8)  # longest: 9 tokens, 8 fed
 
 
 def test_token_budget_bounds_micro_batches_and_sharing_saves_tokens():
     tok = build_char_tokenizer()
     r = rollouts(tok)
-    lengths = [len(r.prompt_ids[i // 4]) + len(r.completion_ids[i]) for i in range(8)]  # 5 6 6 9 | 7 6 7 8
-    mbs = make_micro_batches(r, list(range(8)), max_sequences=1, max_tokens=14, layout=Layout("shared"))
+    lengths = [len(r[0].prompt_ids[i // 4]) + len(r[0].completion_ids[i]) for i in range(8)]  # 5 6 6 9 | 7 6 7 8
+    mbs = micro_batches(r, list(range(8)), max_sequences=1, max_tokens=14, layout=Layout("shared"))
     assert [mb.index.tolist() for mb in mbs] == [[0, 1], [2], [3], [4, 5], [6], [7]]
     assert all(sum(lengths[i] for i in mb.index.tolist()) <= 14 for mb in mbs)
-    (unshared,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("packed"))
-    (shared,) = make_micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared"))
+    (unshared,) = micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("packed"))
+    (shared,) = micro_batches(r, list(range(8)), max_sequences=8, layout=Layout("shared"))
     # 2 prompts of 4 and 5 tokens, completions of 1,2,2,5 and 2,1,2,3 tokens (18 tokens, 10 fed)
     assert (unshared.row_tokens, shared.row_tokens, shared.sequence_tokens) == (46, 19, 54)
-    counts = global_counts(Accelerator(cpu=True), OptimizerBatch([shared]))
+    counts = global_counts(Parallel.alone(), OptimizerBatch((shared,)))
     assert packing_stats(counts) == {"packed_ratio": 1 / 8, "packed_token_ratio": 19 / 54}
 
 
@@ -156,17 +161,17 @@ def test_zero_advantage_rows_are_counted_but_not_computed():
     """Rows of kept groups all enter the loss; a zero-advantage row (no KL / entropy term) is
     counted with its tokens but needs no forward pass; rows of dropped groups leave entirely."""
     tok = build_char_tokenizer()
-    r = rollouts(tok, advantages=(1.0, 0, -1, 0, 0, 0, 0, 0))
-    r.keep[4:] = False
-    picked = select_sequences(r)
+    r, adv = rollouts(tok, advantages=(1.0, 0, -1, 0, 0, 0, 0, 0))
+    adv.keep[4:] = False
+    picked = select_sequences(r, adv)
     assert (picked.computed, picked.idle) == ([0, 2], [1, 3])
     assert picked.idle_tokens == len(r.completion_ids[1]) + len(r.completion_ids[3])
-    assert select_sequences(r, skip_zero_advantage=False).computed == [0, 1, 2, 3]
+    assert select_sequences(r, adv, skip_zero_advantage=False).computed == [0, 1, 2, 3]
     r.truncated[2] = True
-    assert select_sequences(r, mask_truncated=True).computed == [0]
-    counted = select_sequences(r, mask_truncated=True, truncated_rows="count")
+    assert select_sequences(r, adv, mask_truncated=True).computed == [0]
+    counted = select_sequences(r, adv, mask_truncated=True, truncated_rows="count")
     assert counted.idle == [1, 2, 3] and counted.idle_tokens == picked.idle_tokens  # no token of row 2
-    (mb,) = make_micro_batches(r, picked.computed, max_sequences=8, layout=Layout("shared"))
+    (mb,) = micro_batches((r, adv), picked.computed, max_sequences=8, layout=Layout("shared"))
     assert mb.index.tolist() == [0, 2] and mb.row_tokens == 4 + 0 + 1  # completions of 1 and 2 tokens
 
 
@@ -174,12 +179,11 @@ def grads_for(loss: str, kind: str, **layout) -> list[torch.Tensor]:
     """Gradient of the whole batch's loss, summed over the micro-batches of one layout."""
     tok = build_char_tokenizer()
     model = model_for("sdpa", tok)
-    r = rollouts(tok)
-    mbs = make_micro_batches(r, list(range(8)), layout=Layout(kind), **layout)
+    mbs = micro_batches(rollouts(tok), list(range(8)), layout=Layout(kind), **layout)
     norm = LossNorm(num_sequences=8, num_tokens=sum(mb.num_tokens for mb in mbs), max_completion_length=8,
                     num_micro_batches=len(mbs))
     for mb in mbs:
-        out, _ = micro_batch_loss(model, mb, LossSettings(loss=loss, **SETTINGS), norm)
+        out, _ = micro_batch_loss(model, mb, (None, None, None), LossSettings(loss=loss, **SETTINGS), norm)
         out.backward()
     return [p.grad.clone() for p in model.parameters()]
 

@@ -40,21 +40,36 @@ def test_metrics_rollouts_and_checkpoint(tmp_path):
     assert (tmp_path / "run/config.resolved.toml").exists()
 
 
+class Counted:
+    """A variant's table entry whose functions count their calls under the entry's name."""
+
+    def __init__(self, entry, name: str, counters: dict[str, Counter], keys: dict[str, str]) -> None:
+        self._entry, self._name, self._counters, self._keys = entry, name, counters, keys
+
+    def __getattr__(self, attr: str):
+        value = getattr(self._entry, attr)
+        if attr not in self._keys:
+            return value
+
+        def counted(*args, **kwargs):
+            self._counters[self._keys[attr]][self._name] += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+
 @pytest.fixture
 def table_calls(monkeypatch):
-    """Every entry of LOSSES, SURROGATES, ADVANTAGES and KL_ESTIMATORS wrapped to count its calls by name."""
-    from grpocli.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSSES, SURROGATES
+    """Every entry of LOSSES (objective and aggregation), ADVANTAGES and KL_ESTIMATORS wrapped to count
+    the calls of its functions by the entry's name."""
+    from grpocli.algorithms.variants import ADVANTAGES, KL_ESTIMATORS, LOSSES
 
     calls: dict[str, Counter] = {"loss": Counter(), "surrogate": Counter(), "advantage_scale": Counter(),
                                  "kl_estimator": Counter()}
-    for key, table in (("loss", LOSSES), ("surrogate", SURROGATES), ("advantage_scale", ADVANTAGES),
-                       ("kl_estimator", KL_ESTIMATORS)):
-        for name, fn in list(table.items()):
-            def counted(*args, _fn=fn, _name=name, _calls=calls[key], **kwargs):
-                _calls[_name] += 1
-                return _fn(*args, **kwargs)
-
-            monkeypatch.setitem(table, name, counted)
+    for table, keys in ((LOSSES, {"objective_fn": "surrogate", "aggregation_fn": "loss"}),
+                        (ADVANTAGES, {"fn": "advantage_scale"}), (KL_ESTIMATORS, {"fn": "kl_estimator"})):
+        for name, entry in list(table.items()):
+            monkeypatch.setitem(table, name, Counted(entry, name, calls, keys))
     return calls
 
 

@@ -5,7 +5,8 @@ GRPO_TRL_ORACLE=PATH to check another file of the same format. Each case goes th
 a training step runs: advantages over the groups (trainer.advantages.compute_advantages), row
 selection, micro-batching in every layout, the normalisers and the optimizer step
 (trainer.batching.optimizer_batches, trainer.step.optimizer_step). Only the policy's forward pass
-is replaced: the log-probs are the oracle's, a leaf tensor whose gradient is compared.
+is replaced: the log-probs are the oracle's, a leaf tensor whose gradient is compared, and the
+frozen passes' log-probs (old policy, reference) are the oracle's too.
 The recipe keys below are what "as TRL does" means (README: "TRL's conventions").
 """
 
@@ -19,12 +20,13 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from grpocli.algorithms.packing import Layout
+from grpocli.parallel import Parallel
 from grpocli.recipe import load_recipe
 from grpocli.trainer.advantages import compute_advantages
 from grpocli.trainer.batching import optimizer_batches
-from grpocli.trainer.packing import Layout
-from grpocli.trainer.rollouts import Rollouts
-from grpocli.trainer.step import LossSettings, optimizer_step
+from grpocli.trainer.rollouts import Rollouts, Scored
+from grpocli.trainer.step import Frozen, LossSettings, optimizer_step
 
 DEFAULT_ORACLE = Path(__file__).parent / "data" / "trl_oracle_example.json"
 ORACLE = Path(os.environ.get("GRPO_TRL_ORACLE") or DEFAULT_ORACLE)
@@ -57,15 +59,15 @@ def recipe_for(case: dict, extra: tuple[str, ...] = ()):
     ]).recipe
 
 
-def rollouts_of_inputs() -> Rollouts:
+def scored_inputs() -> Scored:
     p, g = INPUTS["num_prompts"], INPUTS["G"]
     lengths = [int(sum(row)) for row in INPUTS["mask"]]
-    return Rollouts(
+    rollouts = Rollouts(
         rows=[{"prompt": f"prompt {i}"} for i in range(p)], prompt_ids=[[1, 2, 3 + i] for i in range(p)],
         completion_ids=[[5] * n for n in lengths], completions=[""] * len(lengths),
         truncated=torch.zeros(len(lengths), dtype=torch.bool), group_size=g,
-        rewards=torch.tensor(INPUTS["rewards"], dtype=torch.float32),
     )
+    return Scored(rollouts, torch.tensor(INPUTS["rewards"], dtype=torch.float32), per_reward={})
 
 
 def run_case(case: dict, kind: str, micro_batch_size: int | None,
@@ -76,28 +78,31 @@ def run_case(case: dict, kind: str, micro_batch_size: int | None,
         recipe.train.max_tokens_per_micro_batch = 24
     else:
         recipe.train.micro_batch_size = micro_batch_size
-    acc = Accelerator(cpu=True)
-    rollouts = compute_advantages(acc, rollouts_of_inputs(), recipe, reward_fns=[])
-    settings = LossSettings.from_recipe(recipe)
+    parallel = Parallel(Accelerator(cpu=True))
+    scored = scored_inputs()
+    advantages = compute_advantages(parallel, scored, recipe.algorithm, reward_fns=[],
+                                    max_completion_length=recipe.generation.max_completion_length)
+    settings = LossSettings.of(recipe.algorithm, recipe.generation)
     on_policy = case["regime"] == "on_policy"
     new = torch.tensor(INPUTS["old" if on_policy else "new_off_policy"], dtype=torch.float64, requires_grad=True)
     old, ref = (torch.tensor(INPUTS[k], dtype=torch.float64) for k in ("old", "ref"))
     entropies = torch.tensor(INPUTS["entropies"], dtype=torch.float64)
-    ((_, batch),) = optimizer_batches(acc, rollouts, recipe, settings, Layout(kind))
-    for mb in batch.micro_batches:  # what fill_logprobs stores: the generating policy's and the reference's
-        width = mb.loss_mask.shape[1]
-        mb.old_logp = None if on_policy else old[mb.index, :width]
-        mb.ref_logp = ref[mb.index, :width] if settings.beta > 0 else None
+    ((_, _, batch),) = optimizer_batches(parallel, scored, advantages, algorithm=recipe.algorithm, train=recipe.train,
+                                         zero_advantage_rows_matter=settings.zero_advantage_rows_matter,
+                                         layout=Layout(kind))
+    mbs = batch.micro_batches  # what the frozen passes give: the generating policy's and the reference's log-probs
+    frozen = Frozen(old_logp=None if on_policy else tuple(old[mb.index, : mb.loss_mask.shape[1]] for mb in mbs),
+                    ref_logp=tuple(ref[mb.index, : mb.loss_mask.shape[1]] for mb in mbs) if settings.beta > 0 else None)
 
     def forward(model, mb, temperature, **_):
         width = mb.loss_mask.shape[1]
         return new[mb.index, :width] * mb.loss_mask, entropies[mb.index, :width] * mb.loss_mask
 
     model = torch.nn.Linear(1, 1)  # the optimizer step needs parameters; the loss is in `new`
-    stats = optimizer_step(acc, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, settings,
+    stats = optimizer_step(parallel, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, frozen, settings,
                            max_grad_norm=0.0, forward=forward)
     grad = new.grad if new.grad is not None else torch.zeros_like(new)
-    return rollouts.advantages.double(), stats["loss"], grad
+    return advantages.values.double(), stats["loss"], grad
 
 
 def case_id(case: dict) -> str:

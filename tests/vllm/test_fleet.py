@@ -164,7 +164,7 @@ def test_training_uses_both_servers_and_syncs_both(fleet, tiny_shape, tmp_path, 
     s = Session.open(_recipe([p.url for p in fleet.proxies], tiny_shape, tmp_path))
     try:
         Loop(s).run()
-        model = s.accelerator.unwrap_model(s.model)
+        model = s.policy
         expected = greedy_reference(model, PROMPT_IDS, GREEDY.max_tokens)
     finally:
         s.close()
@@ -186,7 +186,7 @@ def test_a_killed_server_stops_training_by_name_or_is_dropped(fleet, tiny_shape,
     strict = _recipe(fleet.urls, tiny_shape, tmp_path / "strict").recipe
     s = Session.open(_recipe(fleet.urls, tiny_shape, tmp_path / "drop", "vllm.drop_failed_servers=true"))
     try:
-        stops = build_backend(s.accelerator.unwrap_model(s.model), s.tokenizer, strict, seed=0)
+        stops = build_backend(s.policy, s.tokenizer, strict, seed=0)
         fleet.procs[1].send_signal(signal.SIGKILL)
         fleet.procs[1].wait(timeout=30)
 
@@ -198,7 +198,7 @@ def test_a_killed_server_stops_training_by_name_or_is_dropped(fleet, tiny_shape,
         assert "vllm.drop_failed_servers = true" in text
 
         Loop(s).run()  # drop mode: the killed server's groups go to the other one
-        model = s.accelerator.unwrap_model(s.model)
+        model = s.policy
         assert _client(fleet.urls[0]).generate(PROMPT_IDS, 1, GREEDY).completion_ids == \
             greedy_reference(model, PROMPT_IDS, GREEDY.max_tokens)
 

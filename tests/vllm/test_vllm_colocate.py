@@ -47,7 +47,7 @@ def _engine_greedy(backend) -> list[list[int]]:
 
 def test_engine_follows_the_trained_model(session, greedy_reference):
     """After 3 optimizer steps (3 reloads) the engine decodes exactly as the trained model."""
-    model = session.accelerator.unwrap_model(session.model)
+    model = session.policy
     prompt_ids = session.backend.encode_prompts(PROMPTS)
     engine = _engine_greedy(session.backend)
     assert session.state.step == 3
@@ -57,7 +57,7 @@ def test_engine_follows_the_trained_model(session, greedy_reference):
 
 def test_generated_follows_the_protocol(session, reference_logprobs):
     """Shapes, EOS/truncation flags and per-token log-probs that equal transformers' own."""
-    model = session.accelerator.unwrap_model(session.model)
+    model = session.policy
     got = session.backend.generate(PROMPTS[:2], 3, Sampling(max_tokens=8, temperature=1.0))
     eos = set(model.generation_config.eos_token_id)
     assert len(got.prompt_ids) == 2 and len(got.completion_ids) == 6 == len(got.truncated) == len(got.logprobs)

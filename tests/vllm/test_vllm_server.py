@@ -193,7 +193,7 @@ def test_training_uses_the_server(vllm_server, tiny_shape, tmp_path, monkeypatch
         start = s.backend.client.call("GET", "/info")["weights_version"]
         Loop(s).run()
         assert s.backend.client.call("GET", "/info")["weights_version"] == start + 2  # one per cycle
-        model = s.accelerator.unwrap_model(s.model)
+        model = s.policy
         got = s.backend.client.generate(PROMPT_IDS, 1, GREEDY).completion_ids
         assert got == greedy_reference(model, PROMPT_IDS, GREEDY.max_tokens)
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpocli.trainer.sharding import full_tensor, load_full_state
+from grpocli.parallel.fsdp2 import full_tensor, load_full_state
 
 
 def is_peft(model: Any) -> bool:

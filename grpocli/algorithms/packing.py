@@ -48,7 +48,7 @@ class Layout:
     max_shared_row: int | None = None  # "shared" rows longer than this are padded instead
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rows:
     """The rows of one micro-batch and where its completion tokens are scored."""
 

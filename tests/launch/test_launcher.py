@@ -1,7 +1,7 @@
 """Data-parallel training on CPU: `train.num_processes=2` relaunches under accelerate (torchrun,
 gloo); group statistics cover every process's groups and the replicas keep identical weights.
 `accelerate launch --cpu --num_processes 2` runs two processes too, and the run records the
-process count and mixed precision that ran (see grpocli/trainer/launch.py)."""
+process count and mixed precision that ran (see grpocli/launch/launcher.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from grpocli.recipe import load_recipe
 from grpocli.rundir import RunDir
-from grpocli.trainer.launch import LAUNCHED, _inside_launch, launch_command
+from grpocli.launch.launcher import LAUNCHED, _inside_launch, launch_command
 
 STEPS = 3
 SETTINGS = [
@@ -91,7 +91,7 @@ def test_a_finished_run_fails_once_before_launching(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
     from grpocli.errors import UserError
-    from grpocli.trainer.launch import launch
+    from grpocli.launch.launcher import launch
 
     for key in (LAUNCHED, "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -133,7 +133,7 @@ def _accelerate(*args: str, timeout: float = 400) -> subprocess.CompletedProcess
 @pytest.fixture
 def under_accelerate(monkeypatch):
     """This process as accelerate's one-process launcher starts it (`accelerate launch --cpu ...`)."""
-    from grpocli.trainer import launch as launch_module
+    from grpocli.launch import launcher as launch_module, request as request_module
 
     for key in (LAUNCHED, "WORLD_SIZE", "LOCAL_RANK", *LAUNCHER_ENV):
         monkeypatch.delenv(key, raising=False)
@@ -142,7 +142,7 @@ def under_accelerate(monkeypatch):
 
     def parent(*args: str) -> None:
         argv = ["/venv/bin/python", "/venv/bin/accelerate", "launch", *args, *GRPO] if args else None
-        monkeypatch.setattr(launch_module, "_parent_argv", lambda: argv)
+        monkeypatch.setattr(request_module, "_parent_argv", lambda: argv)
 
     started: list = []
     monkeypatch.setattr(launch_module, "_accelerate_launch",
@@ -191,7 +191,7 @@ def test_mixed_precision_conflict_exits_2(grpo, tmp_path):
 ])
 def test_mixed_precision_rule(under_accelerate, monkeypatch, accelerate_args, overrides, used):
     from grpocli.errors import UserError
-    from grpocli.trainer.launch import accelerate_request, settle_mixed_precision
+    from grpocli.launch.request import accelerate_request, settle_mixed_precision
 
     parent, _ = under_accelerate
     parent(*accelerate_args, "--cpu")
@@ -206,7 +206,7 @@ def test_mixed_precision_rule(under_accelerate, monkeypatch, accelerate_args, ov
 
 
 def test_accelerate_command_lines_are_read(tmp_path):
-    from grpocli.trainer.launch import _accelerate_argv, accelerate_request
+    from grpocli.launch.request import _accelerate_argv, accelerate_request
 
     tail = ["--cpu", "--num_processes", "2", *GRPO]
     for head in (["python", "-m", "accelerate.commands.launch"], ["/v/bin/python", "/v/bin/accelerate", "launch"],
@@ -223,7 +223,7 @@ def test_accelerate_command_lines_are_read(tmp_path):
 
 
 def test_one_process_launcher_asked_for_two_starts_two(under_accelerate, tmp_path):
-    from grpocli.trainer.launch import launch
+    from grpocli.launch.launcher import launch
 
     parent, started = under_accelerate
     parent("--cpu", "--num_processes", "2")
@@ -236,7 +236,7 @@ def test_one_process_launcher_asked_for_two_starts_two(under_accelerate, tmp_pat
 
 def test_one_process_launcher_unreadable_stops_with_the_commands_that_work(under_accelerate, monkeypatch):
     from grpocli.errors import UserError
-    from grpocli.trainer.launch import launch
+    from grpocli.launch.launcher import launch
 
     parent, started = under_accelerate
     parent()  # its command line cannot be read; it set MASTER_ADDR: asked for several processes
@@ -251,7 +251,7 @@ def test_one_process_launcher_unreadable_stops_with_the_commands_that_work(under
 
 def test_one_process_launcher_on_several_machines_stops(under_accelerate):
     from grpocli.errors import UserError
-    from grpocli.trainer.launch import launch
+    from grpocli.launch.launcher import launch
 
     parent, started = under_accelerate
     parent("--cpu", "--num_machines", "2", "--num_processes", "4")
@@ -262,7 +262,7 @@ def test_one_process_launcher_on_several_machines_stops(under_accelerate):
 
 def test_launched_processes_take_the_launchers_count():
     from grpocli.errors import UserError
-    from grpocli.trainer.launch import _adopt_world_size
+    from grpocli.launch.launcher import _adopt_world_size
 
     resolved = _adopt_world_size(load_recipe("quickstart", ["train.prompts_per_step=4"]), 2)
     assert resolved.recipe.train.num_processes == 2
@@ -272,7 +272,7 @@ def test_launched_processes_take_the_launchers_count():
 
 def test_one_process_launcher_on_one_gpu_stops(under_accelerate, monkeypatch):
     from grpocli.errors import UserError
-    from grpocli.trainer import launch as launch_module
+    from grpocli.launch import launcher as launch_module
 
     parent, started = under_accelerate
     parent("--num_processes", "2")  # no --cpu: accelerate starts one process per GPU

@@ -7,42 +7,101 @@ holds the rest (embeddings, a tied lm_head, the final norm). grpo applies `fully
 every device, because accelerate applies its FSDP plugin to GPUs only (on CPU it stays DDP); a
 GPU launch whose accelerate config already selects FSDP2 is sharded by accelerate.
 
-What sharding changes for the loop:
+What sharding changes, as `Fsdp2` answers it (grpocli.parallel.strategy.Parallel):
 
-* Every forward gathers each unit's parameters (a collective), so every process must run the
-  same number of forward passes. `even_passes` pads a process's list of micro-batches with None
-  up to the most any process has; each None is `idle_forward` (a 1-token pass, loss 0). HF
-  generation keeps the processes together by transformers' `synced_gpus`, which it turns on for
-  a module marked `_is_fsdp_managed_module` (set here).
+* Every forward gathers each unit's parameters (a collective), so every process runs the same
+  number of forward and backward passes (`forward_passes`, `backward_passes`: padded with None,
+  each None a 1-token `idle_forward`), and a loop of generate calls goes on while any process
+  has work (`any_process`). HF generation keeps the processes together by transformers'
+  `synced_gpus`, which it turns on for a module marked `_is_fsdp_managed_module` (set here).
 * Full weights exist only while gathered: checkpoints and weight syncs gather one tensor at a
-  time (`full_tensors`); the main process keeps what it writes or sends (on the CPU).
+  time (`full_tensor`); the main process keeps what it writes or sends (on the CPU). A LoRA
+  policy's checkpoint gathers its adapters only (grpocli.parallel.adapters).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from grpocli.errors import UserError
+from grpocli.parallel.strategy import Parallel, load_reference
 
 FSDP2 = "fsdp2"
 
 
-def is_sharded(model: Any) -> bool:
-    """Whether `model` is an FSDP2 module (its parameters are DTensor shards)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch without FSDP2
-        return False
-    return isinstance(model, FSDPModule)
+class Fsdp2(Parallel):
+    """FSDP2 over every process (module docstring)."""
+
+    forward_collective = True
+    backward_collective = True
+    sharding = FSDP2
+
+    def __init__(self, accelerator: Any, mixed_precision: str = "no") -> None:
+        super().__init__(accelerator)
+        self.mixed_precision = mixed_precision
+
+    def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
+        acc = self.accelerator
+        if acc.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
+            opt, scheduler = optimizer(model)
+            model, opt = acc.prepare(model, opt)
+            mark(model)
+        else:  # grpo shards: accelerate applies FSDP on GPUs only, and only from its config
+            model = shard(model, acc, self.mixed_precision)
+            opt, scheduler = optimizer(model)  # over the shards
+            opt = acc.prepare(opt)
+        if isinstance(reference, torch.nn.Module):  # not a grpo ref-serve client: that holds no weights here
+            reference = shard(reference, acc, self.mixed_precision)
+        return model, reference, opt, scheduler
+
+    # -- checkpoints: the same files as unsharded, gathered a tensor at a time ---------------
+    def save_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
+        from grpocli.models.files import save_pretrained_quietly
+        from grpocli.parallel.adapters import full_adapter_state, is_peft
+
+        model, main = self.unwrap(model), self.main
+        weights = full_adapter_state(model, keep=main) if is_peft(model) else full_state(model, keep=main)
+        if main:
+            save_pretrained_quietly(model, folder, state_dict=weights)
+        del weights
+        optim = full_optimizer_state(model, optimizer)
+        if main:
+            torch.save(optim, folder / "trainer" / "optimizer.pt")
+        del optim
+        if reference is not None:
+            ref = full_state(reference, keep=main)
+            if main:
+                from safetensors.torch import save_file
+
+                from grpocli.parallel.strategy import REFERENCE
+
+                save_file(untied(ref), str(folder / "trainer" / REFERENCE))
+
+    def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
+        """Every process reads the whole files and keeps its shard."""
+        from grpocli.models.files import read_weights
+        from grpocli.parallel.adapters import is_peft, load_full_adapter_state
+
+        model = self.unwrap(model)
+        optim = torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)
+        if is_peft(model):  # a LoRA checkpoint: the adapters (a missing file is an OSError)
+            from safetensors.torch import load_file
+
+            load_full_adapter_state(model, load_file(folder / "adapter_model.safetensors"))
+        else:
+            load_full_state(model, read_weights(folder))
+        load_full_optimizer_state(model, optimizer, optim)
+        load_reference(folder, reference, load_sharded=load_full_state)
 
 
-def sharding_of(recipe: Any, accelerator: Any) -> str:
-    """'fsdp2' when the recipe or accelerate's launch asks for it, else 'none'; a UserError for
-    FSDP version 1 (accelerate config) or combinations grpo cannot shard."""
-    asked = recipe.train.sharding
+def sharding_of(sharding: str, accelerator: Any) -> str:
+    """'fsdp2' when `train.sharding` or accelerate's launch asks for it, else 'none'; a
+    UserError for FSDP version 1 (accelerate config) or FSDP2 together with DeepSpeed."""
+    asked = sharding
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         version = os.environ.get("FSDP_VERSION", "1")
         if version != "2":
@@ -99,30 +158,6 @@ def _layers(model: Any) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
-# -- every process the same number of forward passes ---------------------------------------
-def even_passes(model: Any, items: list[Any]) -> list[Any]:
-    """`items` padded with None to the most any process has, when `model` is sharded (else as given)."""
-    if not is_sharded(model):
-        return items
-    import torch.distributed as dist
-
-    count = torch.tensor([len(items)], dtype=torch.int64, device=_device(model))
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    return list(items) + [None] * (int(count) - len(items))
-
-
-def idle_forward(model: Any) -> torch.Tensor:
-    """A forward pass over one token whose loss is 0: the gathers (and, after backward, the
-    gradient reductions) of a pass, with no effect on the gradients."""
-    ids = torch.zeros((1, 1), dtype=torch.long, device=_device(model))
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
-    return logits.sum() * 0.0
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
-
-
 # -- full tensors, one at a time -----------------------------------------------------------
 def full_tensor(tensor: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
     """The whole of a DTensor shard (a collective: every process calls it), moved to the CPU;
@@ -145,6 +180,17 @@ def full_state(model: Any, keep: bool) -> dict[str, torch.Tensor]:
             seen[key] = full_tensor(tensor.detach(), keep)
         if keep:
             out[name] = seen[key]
+    return out
+
+
+def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied tensors once (lm_head = embed_tokens): safetensors refuses shared or repeated storage."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in state.items():
+        if t.data_ptr() not in seen:
+            seen[t.data_ptr()] = name
+            out[name] = t.contiguous()
     return out
 
 
@@ -175,19 +221,5 @@ def _inner(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-__all__ = ["FSDP2", "even_passes", "full_optimizer_state", "full_state", "full_tensor", "idle_forward",
-           "is_sharded", "load_full_optimizer_state", "load_full_state", "mark", "shard", "sharding_of"]
-
-
-# -- loops that generate: every process as many rounds --------------------------------------
-def any_process(model: Any, flag: bool) -> bool:
-    """Whether `flag` holds on any process (one all_reduce) when `model` is sharded, else `flag`:
-    a loop of generate calls (the turns of multi-turn rollouts) goes on while any process still
-    has work, because each call is a collective under FSDP2."""
-    if not is_sharded(model):
-        return flag
-    import torch.distributed as dist
-
-    value = torch.tensor([int(flag)], dtype=torch.int64, device=_device(model))
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+__all__ = ["FSDP2", "Fsdp2", "full_optimizer_state", "full_state", "full_tensor", "load_full_optimizer_state",
+           "load_full_state", "mark", "shard", "sharding_of", "untied"]

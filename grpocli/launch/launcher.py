@@ -6,7 +6,7 @@ Ways in, and what each one does:
   line under `accelerate launch --multi_gpu --num_processes n`: torchrun, the launcher that
   starts n processes on CPU too. On a machine without CUDA each process opens
   `Accelerator(cpu=True)`, which joins a gloo group (DistributedType.MULTI_CPU) and wraps the
-  model in DDP. grpo runs accelerate's launcher inside its own (grpocli.trainer.processes), so
+  model in DDP. grpo runs accelerate's launcher inside its own (grpocli.launch.processes), so
   that killing `grpo train` in any way kills the launcher and the workers too, and a worker's
   user error is printed once (exit 2) without torchrun's report.
 * A process torchrun started (`accelerate launch --multi_gpu`, a config file's MULTI_GPU, GPUs
@@ -20,55 +20,43 @@ Ways in, and what each one does:
   command that works. Under `accelerate launch` an exit 2 is followed by accelerate's own
   CalledProcessError traceback unless it was given --quiet.
 
-The run directory is locked (grpocli.trainer.lock) by the process the user started, for the
+The run directory is locked (grpocli.launch.lock) by the process the user started, for the
 whole run: `grpo train` here, also when it launches n processes (they do not lock), or the main
 process under a launcher grpo did not start.
 
 The launcher decides how many processes run; the run's config.resolved.toml records the number
 that ran (`train.num_processes`) and the mixed precision that was used.
 
-Mixed precision under `accelerate launch`: accelerate hands its choice (its --mixed_precision,
-else its config file, else "no") to the processes as ACCELERATE_MIXED_PRECISION. Where it and the
-recipe's `train.mixed_precision` differ, the one that was set explicitly is used: accelerate's
-when it asks for bf16/fp16 or was given --mixed_precision, the recipe's when a recipe file,
-GRPO_TRAIN__MIXED_PRECISION or an argument set it. Both set and different: exit 2, naming both.
+Under `accelerate launch`, what that launch was asked for (its command line, its config file)
+and the mixed precision the run uses are settled by grpocli.launch.request.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import sys
-from pathlib import Path
 
 from grpocli.errors import UserError
+from grpocli.launch.processes import LAUNCHED, LAUNCHER
+from grpocli.launch.request import (
+    AccelerateRequest,
+    accelerate_request,
+    default_source,
+    settle_mixed_precision,
+    started_by_accelerate,
+    with_train,
+)
 from grpocli.recipe import Resolved
 
-#: Set in the environment of launched processes, so that they train instead of launching again.
-LAUNCHED = "GRPOCLI_LAUNCHED"  # not GRPO_*: those are recipe keys
 #: World sizes an MPI launcher sets (accelerate's `--mpirun_hostfile`); accelerate reads them too.
 MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-#: The module `grpo train` runs as its launcher: accelerate launch, quiet about failed workers.
-LAUNCHER = "grpocli.trainer.processes"
-#: Set by every `accelerate launch` launcher in the processes it starts.
-ACCELERATE_PRECISION = "ACCELERATE_MIXED_PRECISION"
-
-
-@dataclasses.dataclass(frozen=True)
-class AccelerateRequest:
-    """What the `accelerate launch` that started this process was asked for (its command line)."""
-
-    num_processes: int | None    # None: neither --num_processes nor its config file says
-    num_machines: int            # --num_machines, else its config file's, else 1
-    mixed_precision_from: str    # where accelerate's mixed precision came from, in words
-    mixed_precision_flag: bool   # --mixed_precision was given on its command line
 
 
 def launch(resolved: Resolved, overrides: list[str]) -> None:
     """Train here, or start the processes that train; the run directory is locked meanwhile
-    (grpocli.trainer.lock) by the process that was started by the user."""
-    from grpocli.trainer.processes import worker
+    (grpocli.launch.lock) by the process that was started by the user."""
+    from grpocli.launch.processes import worker
 
     if _inside_launch():  # one of several: dies with its launcher, says its errors once
         with worker(), _main_process_lock(resolved):
@@ -97,7 +85,7 @@ def _train(resolved: Resolved) -> None:
 
 def _lock(resolved: Resolved):
     from grpocli.rundir import RunDir
-    from grpocli.trainer.lock import run_lock
+    from grpocli.launch.lock import run_lock
 
     return run_lock(RunDir(resolved.output_dir()))
 
@@ -136,15 +124,11 @@ def _world_size() -> int:
     return int(size) if size.isdigit() else _mpi_size()
 
 
-def _started_by_accelerate() -> bool:
-    return ACCELERATE_PRECISION in os.environ
-
-
 def _processes_to_start(resolved: Resolved, overrides: list[str], request: AccelerateRequest | None) -> int:
     """How many processes to start from here: the recipe's, or what accelerate's one-process
     launcher was asked for (it starts one whatever --num_processes says)."""
     wanted = resolved.recipe.train.num_processes
-    if not _started_by_accelerate():
+    if not started_by_accelerate():
         return wanted
     asked = request.num_processes if request is not None else None
     if request is None and "MASTER_ADDR" in os.environ and wanted == 1:
@@ -169,7 +153,7 @@ def _processes_to_start(resolved: Resolved, overrides: list[str], request: Accel
             hint=f"accelerate launch --multi_gpu --num_machines {request.num_machines} --machine_rank R "
             f"--main_process_ip HOST --num_processes {asked} {_accelerate_tail(resolved, overrides)}",
         )
-    if asked != wanted and resolved.source_of("train.num_processes") != _default():
+    if asked != wanted and resolved.source_of("train.num_processes") != default_source():
         _note(f"accelerate launch asks for {asked} processes; train.num_processes = {wanted} "
               f"({resolved.source_of('train.num_processes')}) does not apply")
     gpus = _visible_gpus()
@@ -192,11 +176,11 @@ def _adopt_world_size(resolved: Resolved, world: int) -> Resolved:
     t = resolved.recipe.train
     if world == t.num_processes:
         return resolved
-    if resolved.source_of("train.num_processes") != _default() and os.environ.get("RANK", "0") == "0":
+    if resolved.source_of("train.num_processes") != default_source() and os.environ.get("RANK", "0") == "0":
         _note(f"the launcher started {world} processes; train.num_processes = {t.num_processes} "
               f"({resolved.source_of('train.num_processes')}) does not apply")
     _check_prompts_divide(resolved, world, "the launcher's process count")
-    return _with_train(resolved, "num_processes", world, "launcher")
+    return with_train(resolved, "num_processes", world, "launcher")
 
 
 def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:
@@ -212,106 +196,6 @@ def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:
         )
 
 
-# -- mixed precision -------------------------------------------------------------------------
-def settle_mixed_precision(resolved: Resolved, request: AccelerateRequest | None) -> Resolved:
-    """The recipe with the mixed precision this run uses (see the module's docstring)."""
-    theirs = os.environ.get(ACCELERATE_PRECISION)
-    ours = resolved.recipe.train.mixed_precision
-    if theirs is None or theirs.lower() == ours:
-        return resolved
-    theirs = theirs.lower()
-    flag = request is not None and request.mixed_precision_flag
-    where = request.mixed_precision_from if request is not None else f"{ACCELERATE_PRECISION}={theirs}"
-    ours_from = resolved.source_of("train.mixed_precision")
-    theirs_set, ours_set = theirs != "no" or flag, ours_from != _default()
-    if theirs_set and ours_set:
-        raise UserError(
-            f"train.mixed_precision = {ours!r} ({ours_from}) but accelerate's mixed precision is "
-            f"{theirs!r} ({where})",
-            where="mixed precision",
-            valid="the same value in both, or set in one of them only",
-            hint=f"train.mixed_precision={theirs} (or leave it out of the recipe), or "
-            f"accelerate launch --mixed_precision {ours} ...",
-        )
-    if not theirs_set:
-        return resolved
-    if theirs not in ("no", "bf16", "fp16"):
-        raise UserError(f"accelerate's mixed precision {theirs!r} ({where}) is not one grpo trains with",
-                        where="mixed precision", valid="no, bf16, fp16",
-                        hint="accelerate launch --mixed_precision bf16 (or set train.mixed_precision)")
-    return _with_train(resolved, "mixed_precision", theirs, where)
-
-
-# -- the accelerate launch that started this process ----------------------------------------
-def accelerate_request(argv: list[str] | None = None) -> AccelerateRequest | None:
-    """Read the parent `accelerate launch` command line (Linux /proc); None where it cannot be."""
-    if argv is None:
-        if not _started_by_accelerate():
-            return None
-        argv = _accelerate_argv(_parent_argv())
-    if argv is None:
-        return None
-    try:
-        from accelerate.commands.launch import launch_command_parser
-
-        args = launch_command_parser().parse_args(argv)
-    except (ImportError, SystemExit):  # its own parser accepted it; another version might not
-        return None
-    config = _config_file(args)
-    n, machines, precision = args.num_processes, args.num_machines, None
-    if config is not None:
-        try:
-            from accelerate.commands.config.config_args import load_config_from_file
-
-            loaded = load_config_from_file(str(config))
-            n = n if n is not None else loaded.num_processes
-            machines = machines if machines is not None else loaded.num_machines
-            precision = loaded.mixed_precision
-        except (ImportError, OSError, ValueError, TypeError, KeyError):
-            config = None  # accelerate read it; where this version cannot, its values stay unknown
-    if args.mixed_precision is not None:
-        where = f"accelerate launch --mixed_precision {args.mixed_precision}"
-    elif config is not None and precision is not None:
-        where = f"accelerate config file {config}"
-    else:
-        where = "accelerate's default"
-    n = n if isinstance(n, int) and n >= 1 else None
-    machines = machines if isinstance(machines, int) and machines >= 1 else 1
-    return AccelerateRequest(num_processes=n, num_machines=machines, mixed_precision_from=where,
-                             mixed_precision_flag=args.mixed_precision is not None)
-
-
-def _config_file(args) -> Path | None:
-    """The config file accelerate launch read: --config_file, else its default one (not with --cpu)."""
-    if args.config_file is not None:
-        return Path(args.config_file)
-    try:
-        from accelerate.commands.config import default_config_file
-    except ImportError:
-        return None
-    return Path(default_config_file) if os.path.isfile(default_config_file) and not args.cpu else None
-
-
-def _parent_argv() -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    except OSError:
-        return None
-    raw = raw[:-1] if raw.endswith(b"\0") else raw
-    return [part.decode(errors="replace") for part in raw.split(b"\0")] if raw else None
-
-
-def _accelerate_argv(argv: list[str] | None) -> list[str] | None:
-    """The arguments after `accelerate launch` / `accelerate-launch` / `-m accelerate.commands.launch`."""
-    for i, part in enumerate(argv or []):
-        name = Path(part).name
-        if part in ("accelerate.commands.launch", LAUNCHER) or name == "accelerate-launch":
-            return argv[i + 1 :]
-        if part == "launch" and i > 0 and Path(argv[i - 1]).name in ("accelerate", "accelerate.commands.accelerate_cli"):
-            return argv[i + 1 :]
-    return None
-
-
 # -- starting n processes --------------------------------------------------------------------
 def _check_run_dir(resolved: Resolved) -> None:
     """The run-directory errors every process would raise (already complete, no such checkpoint)."""
@@ -323,8 +207,8 @@ def _check_run_dir(resolved: Resolved) -> None:
 
 
 def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str]:
-    """`python -m grpocli.trainer.processes --multi_gpu --num_processes n ... -m grpocli.cli.app train ...`:
-    accelerate launch's arguments, run by grpo's launcher (grpocli.trainer.processes)."""
+    """`python -m grpocli.launch.processes --multi_gpu --num_processes n ... -m grpocli.cli.app train ...`:
+    accelerate launch's arguments, run by grpo's launcher (grpocli.launch.processes)."""
     cmd = [sys.executable, "-m", LAUNCHER, "--multi_gpu", "--num_processes", str(n),
            "--num_machines", "1", "--mixed_precision", resolved.recipe.train.mixed_precision,
            "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
@@ -334,7 +218,7 @@ def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str
 
 def _accelerate_launch(resolved: Resolved, overrides: list[str], n: int) -> int:
     """Re-run this same `grpo train` under accelerate with n data-parallel processes."""
-    from grpocli.trainer.processes import run_launcher
+    from grpocli.launch.processes import run_launcher
 
     return run_launcher(launch_command(resolved, overrides, n), env={**os.environ, LAUNCHED: "1"})
 
@@ -347,18 +231,6 @@ def _free_port() -> int:
 
 
 # -- small pieces ----------------------------------------------------------------------------
-def _with_train(resolved: Resolved, key: str, value, source: str) -> Resolved:
-    recipe = resolved.recipe.model_copy(deep=True)
-    setattr(recipe.train, key, value)  # validated on assignment
-    return dataclasses.replace(resolved, recipe=recipe, sources={**resolved.sources, f"train.{key}": source})
-
-
-def _default() -> str:
-    from grpocli.recipe.loader import DEFAULT
-
-    return DEFAULT
-
-
 def _grpo_command(resolved: Resolved, overrides: list[str]) -> str:
     return " ".join(["grpo", "train", _recipe_arg(resolved), *_quoted(overrides)])
 

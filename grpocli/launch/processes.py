@@ -1,7 +1,7 @@
 """The processes of a run with train.num_processes > 1: how they die together and report once.
 
-    grpo train                                   holds the run lock (grpocli.trainer.lock)
-      └─ python -m grpocli.trainer.processes     the launcher: accelerate launch --multi_gpu,
+    grpo train                                   holds the run lock (grpocli.launch.lock)
+      └─ python -m grpocli.launch.processes     the launcher: accelerate launch --multi_gpu,
            │                                     whose torchrun agent runs in this process
            ├─ rank 0: python -m grpocli.cli.app train ...
            └─ rank 1: ...
@@ -37,6 +37,10 @@ from pathlib import Path
 
 from grpocli.errors import UserError
 
+#: Set in the environment of launched processes, so that they train instead of launching again.
+LAUNCHED = "GRPOCLI_LAUNCHED"  # not GRPO_*: those are recipe keys
+#: The module `grpo train` runs as its launcher: accelerate launch, quiet about failed workers.
+LAUNCHER = "grpocli.launch.processes"
 #: The `grpo train` that started the launcher: the launcher dies with it.
 TRAIN_PID = "GRPOCLI_TRAIN_PID"
 #: The launcher that started the workers: each worker dies with it.
@@ -48,7 +52,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the launcher command (`python -m grpocli.trainer.processes ...`) from `grpo train` and
+    """Run the launcher command (`python -m grpocli.launch.processes ...`) from `grpo train` and
     return its exit code; raise the first worker's UserError instead where one stopped the run."""
     with tempfile.TemporaryDirectory(prefix="grpo-errors-") as errors:
         code = subprocess.call(cmd, env={**env, TRAIN_PID: str(os.getpid()), ERRORS: errors})
@@ -133,7 +137,7 @@ def first_error(folder: Path) -> UserError | None:
 
 # -- the launcher --------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
-    """`python -m grpocli.trainer.processes ACCELERATE-LAUNCH-ARGS`: accelerate launch without
+    """`python -m grpocli.launch.processes ACCELERATE-LAUNCH-ARGS`: accelerate launch without
     torchrun's failure report (the workers' own messages say what failed)."""
     if TRAIN_PID in os.environ:
         die_with_parent(int(os.environ[TRAIN_PID]))

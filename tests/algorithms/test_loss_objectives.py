@@ -1,4 +1,5 @@
-"""Per-token objectives against hand arithmetic (TRL's numbers are in tests/trainer/test_trl_parity.py)."""
+"""Per-token objectives of the losses (grpocli.algorithms.losses) against hand arithmetic (TRL's
+numbers are in tests/trainer/test_trl_parity.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from grpocli.algorithms import (
-    SURROGATES,
+    LOSSES,
     PolicyTerms,
     SurrogateSettings,
     cispo_surrogate,
@@ -18,7 +19,7 @@ from grpocli.algorithms import (
     sapo_surrogate,
     vespo_surrogate,
 )
-from grpocli.algorithms.surrogates import vespo_weights
+from grpocli.algorithms.losses import vespo_weights
 
 LN = math.log
 
@@ -35,8 +36,9 @@ def terms(ratios: list[float], advantages: list[float], logp: list[float] | None
 
 
 def test_table_covers_every_loss():
-    assert SURROGATES["dapo"] is clip_surrogate and SURROGATES["cispo"] is cispo_surrogate
-    assert SURROGATES["sapo"] is sapo_surrogate and SURROGATES["vespo"] is vespo_surrogate
+    objective = {name: entry.objective_fn for name, entry in LOSSES.items()}
+    assert objective["dapo"] is clip_surrogate and objective["cispo"] is cispo_surrogate
+    assert objective["sapo"] is sapo_surrogate and objective["vespo"] is vespo_surrogate
 
 
 def test_clip_delta_and_dual_clip():

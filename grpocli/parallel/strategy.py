@@ -1,0 +1,259 @@
+"""`Parallel`: how the training processes share the work, asked by everything that depends on it.
+
+This class is the plain case: one process, or several under DDP (accelerate's `prepare` wraps
+the model; gradients are averaged in the last backward of a step). The sharded strategies
+subclass it: `Fsdp2` (grpocli.parallel.fsdp2) and `DeepSpeed` ZeRO-2/3
+(grpocli.parallel.deepspeed). `grpocli.parallel.start` picks one when training starts.
+
+What differs between them, and so what the step, the frozen log-prob passes, generation,
+checkpoints and weight syncs ask this object instead of testing for a strategy:
+
+* which passes are collectives: under FSDP2 and ZeRO-3 every forward gathers parameters
+  (`forward_collective`); under FSDP2 and DeepSpeed every backward reduces gradients. Every
+  process must then run as many of them: `forward_passes` / `backward_passes` pad a process's
+  list with None, which the caller turns into `idle_forward` / `idle_loss`;
+* how a step accumulates (`accumulating`: DDP's no_sync, DeepSpeed's boundary) and clips;
+* how weights are made whole (`whole_weights`: ZeRO-3's gather for a weight sync) and how a
+  checkpoint writes and reads them (`save_weights`, `load_weights`).
+
+The processes' collectives (`gather`, `total`, `fewest`, `gather_rows`) are here too, so that a
+phase that needs every process's figures asks one object. `Parallel.alone()` is one process
+without accelerate (`grpo eval`, the servers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+#: The moving reference model (algorithm.ref_sync_steps > 0), inside a checkpoint's trainer/.
+REFERENCE = "reference.safetensors"
+
+
+class Parallel:
+    """One process, or DDP over several (accelerate); base of the sharded strategies."""
+
+    #: Every forward pass gathers parameters (a collective): FSDP2, ZeRO-3.
+    forward_collective = False
+    #: Every backward pass reduces gradients (a collective): FSDP2, DeepSpeed.
+    backward_collective = False
+    #: What config.resolved.toml records as train.sharding.
+    sharding = "none"
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator  # None: one process without accelerate (Parallel.alone)
+
+    @classmethod
+    def alone(cls) -> Parallel:
+        """One process, no accelerate: `grpo eval`, the servers, tests of one part."""
+        return cls(None)
+
+    # -- the processes ---------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return 1 if self.accelerator is None else self.accelerator.num_processes
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.accelerator is None else self.accelerator.process_index
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu") if self.accelerator is None else self.accelerator.device
+
+    @property
+    def precision(self) -> str:
+        """The mixed precision accelerate applies ("no" where it applies none: fp16 on a CPU)."""
+        acc = self.accelerator
+        return acc.mixed_precision if acc is not None and acc.native_amp else "no"
+
+    def wait(self) -> None:
+        """Every process reaches this point before any goes on."""
+        if self.accelerator is not None:
+            self.accelerator.wait_for_everyone()
+
+    def unwrap(self, model: Any) -> Any:
+        """The model inside accelerate's wrapper (DDP, a DeepSpeed engine)."""
+        return model if self.accelerator is None else self.accelerator.unwrap_model(model)
+
+    # -- collectives -----------------------------------------------------------------------
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """A 1-D tensor from every process (same length on each), concatenated in rank order, on the CPU."""
+        if self.size == 1:
+            return values.cpu()
+        return self.accelerator.gather(values.to(self.device)).cpu()
+
+    def total(self, count: float) -> float:
+        """`count` summed over every process."""
+        if self.size == 1:
+            return float(count)
+        summed = self.accelerator.reduce(torch.tensor(float(count), dtype=torch.float64, device=self.device),
+                                         reduction="sum")
+        return float(summed.item())
+
+    def sums(self, values: list[float]) -> list[float]:
+        """Each of `values` summed over every process (one all-reduce)."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        summed = self.accelerator.reduce(torch.tensor(values, dtype=torch.float64, device=self.device),
+                                         reduction="sum")
+        return summed.tolist()
+
+    def fewest(self, count: int) -> int:
+        """The smallest `count` of any process (so that every process takes the same decision)."""
+        return int(self.gather(torch.tensor([float(count)])).min())
+
+    def gather_rows(self, rows: list[Any]) -> list[Any]:
+        """Every process's list, concatenated in rank order (accelerate's gather_object)."""
+        if self.size == 1:
+            return rows
+        from accelerate.utils import gather_object
+
+        return gather_object(rows)
+
+    def any_process(self, flag: bool) -> bool:
+        """Whether `flag` holds on any process, where the processes must stay in step (a loop of
+        generate calls under `forward_collective`); elsewhere this process's own `flag`."""
+        if not self.forward_collective:
+            return flag
+        import torch.distributed as dist
+
+        value = torch.tensor([int(flag)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    # -- passes ----------------------------------------------------------------------------
+    def forward_passes(self, items: list[Any]) -> list[Any]:
+        """`items` as many as every process runs forward passes (or generate calls) over: padded
+        with None where each pass is a collective, else as given."""
+        return padded(items, self.device) if self.forward_collective else list(items)
+
+    def backward_passes(self, items: list[Any]) -> list[Any]:
+        """`items` as many as every process runs backward passes over, at least one: a process
+        without work still joins the gradient reduction (DDP: in its one pass of `idle_loss`)."""
+        return padded(items, self.device) if self.backward_collective else list(items) or [None]
+
+    def idle_loss(self, model: Any) -> torch.Tensor:
+        """A loss of 0 whose backward touches every trainable parameter, so that the gradient
+        reduction runs (DDP); where every backward is a collective, a 1-token forward pass."""
+        if self.backward_collective:
+            return idle_forward(model)
+        return sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+
+    @contextmanager
+    def accumulating(self, model: Any, last: bool) -> Iterator[None]:
+        """Around one micro-batch's forward and backward: gradients are reduced at the `last` only."""
+        if last or self.accelerator is None:
+            yield
+            return
+        with self.accelerator.no_sync(model):
+            yield
+
+    def clip_grad_norm(self, model: Any, max_norm: float) -> float:
+        """Clip the gradients of every process together (0 or less: no clip); the norm before it."""
+        bound = max_norm if max_norm > 0 else math.inf
+        if self.accelerator is None:
+            return float(torch.nn.utils.clip_grad_norm_(model.parameters(), bound))
+        norm = self.accelerator.clip_grad_norm_(model.parameters(), bound)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+
+    # -- models ----------------------------------------------------------------------------
+    def loading(self) -> Any:
+        """Around loading the models (DeepSpeed ZeRO-3: whole, partitioned at `prepare`)."""
+        return nullcontext()
+
+    def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
+        """(model, reference, optimizer, scheduler), the model wrapped for training;
+        `optimizer(model)` builds the optimizer and its schedule over the parameters to train."""
+        opt, scheduler = optimizer(model)
+        model, opt = self.accelerator.prepare(model, opt)
+        return model, reference, opt, scheduler
+
+    def describe(self, model: Any) -> str | None:
+        """A line on what runs, printed at start (None: nothing worth saying)."""
+        return None
+
+    def whole_weights(self, model: Any) -> Any:
+        """Around reading every weight of `model` whole (a weight sync): ZeRO-3 gathers its partitions."""
+        return nullcontext()
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def check_replicas(self, model: Any) -> None:
+        """DDP: every process must hold the same weights; a cheap fingerprint checks it."""
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return
+        with torch.no_grad():
+            mine = torch.stack([p.detach().double().sum() for p in model.parameters()])  # [P]
+        every = self.accelerator.gather(mine.to(self.device)[None]).cpu()            # [W, P]
+        if not torch.allclose(every, every[0].expand_as(every), rtol=1e-6, atol=1e-9):
+            raise RuntimeError(f"the {self.size} processes hold different weights: "
+                               f"parameter sums {every.sum(dim=1).tolist()}")
+
+    def save_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
+        """The model (save_pretrained), trainer/optimizer.pt and (a moving reference)
+        trainer/reference.safetensors into a checkpoint folder; every process calls it."""
+        if not self.main:
+            return
+        from grpocli.models.files import save_pretrained_quietly
+
+        save_pretrained_quietly(self.unwrap(model), folder)
+        torch.save(optimizer.state_dict(), folder / "trainer" / "optimizer.pt")
+        save_reference(folder, reference)
+
+    def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
+        """What `save_weights` wrote, into the live model, optimizer and reference."""
+        from grpocli.models.files import load_weights
+
+        optim = torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)
+        load_weights(self.unwrap(model), folder)
+        optimizer.load_state_dict(optim)
+        load_reference(folder, reference)
+
+
+def save_reference(folder: Path, reference: Any) -> None:
+    """A moving reference model's weights (None: nothing), as safetensors."""
+    if reference is None:
+        return
+    from safetensors.torch import save_model
+
+    save_model(reference, str(folder / "trainer" / REFERENCE))
+
+
+def load_reference(folder: Path, reference: Any, load_sharded: Callable[..., None] | None = None) -> None:
+    """A saved reference into `reference` (None, or none saved: nothing); `load_sharded(model,
+    state)` for a sharded one."""
+    saved = folder / "trainer" / REFERENCE
+    if reference is None or not saved.exists():
+        return
+    from safetensors.torch import load_file, load_model
+
+    if load_sharded is not None:
+        load_sharded(reference, load_file(saved))
+    else:
+        load_model(reference, str(saved))
+
+
+def idle_forward(model: Any) -> torch.Tensor:
+    """A forward pass over one token whose loss is 0: the gathers of a pass (and, after its
+    backward, the gradient reductions), with no effect on the gradients."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+    return logits.sum() * 0.0
+
+
+def padded(items: list[Any], device: torch.device) -> list[Any]:
+    """`items` padded with None to the most any process has (one all-reduce)."""
+    import torch.distributed as dist
+
+    count = torch.tensor([len(items)], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return list(items) + [None] * (int(count) - len(items))
