@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grpocli.reference.host import DEFAULT_MAX_BATCH_TOKENS, ReferenceHost
 from grpocli.server.app import add_error_handlers, check_port, key_check
-from grpocli.server.host import ServerError
+from grpocli.server.worker import ServerError
 
 PROTOCOL_VERSION = 1
 REQUEST_TIMEOUT = 600.0

@@ -1,12 +1,13 @@
 """The reference model behind `grpo ref-serve`: one thread runs it; requests are batched; weights mix in.
 
-Every job (a log-prob request, a step of a weight update, a download) goes on one queue, and one
-worker thread runs them in order, so no forward pass ever sees half-mixed weights. The worker
-takes every job that is waiting at once: the sequences of all waiting log-prob requests (several
-training processes ask at the same time) are cut, in order, into forward passes of at most
-``max_batch_tokens`` prompt + completion tokens (a longer sequence gets a pass of its own) and laid
-out as the trainer lays out micro-batches (grpocli.algorithms.packing); each pass is the one the
-in-process reference runs (grpocli.algorithms.logprobs.sequence_logprobs), so the numbers are the same.
+Every job (a log-prob request, a step of a weight update, a download) goes on the queue of one
+Worker (grpocli.server.worker), whose one thread runs them in order, so no forward pass ever sees
+half-mixed weights. The worker takes every job that is waiting at once: the sequences of all
+waiting log-prob requests (several training processes ask at the same time) are cut, in order,
+into forward passes of at most ``max_batch_tokens`` prompt + completion tokens (a longer sequence
+gets a pass of its own) and laid out as the trainer lays out micro-batches
+(grpocli.algorithms.packing); each pass is the one the in-process reference runs
+(grpocli.algorithms.logprobs.sequence_logprobs), so the numbers are the same.
 
 A weight update (``ref_sync_steps``) is a stream: ``begin`` (alpha), buckets of the policy's
 tensors, ``end``. Each bucket is mixed in place as it comes (ref = alpha * policy + (1 - alpha) *
@@ -20,11 +21,8 @@ its deadline marks the worker stuck and /health says so (503).
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import uuid
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,20 +36,14 @@ from grpocli.generation.weights import (
     spec_problems,
 )
 from grpocli.reference.mixing import mix_tensor, reference_tensors
-from grpocli.server.host import ServerError
+from grpocli.server.worker import Job, ServerError, Worker
 
 #: (prompt ids, [completion ids, ...]): one prompt and the completions of its group.
 Group = tuple[list[int], list[list[int]]]
-#: Job kinds that read the weights: they wait while an update is mixing them in.
+#: Job kinds ("score", "download", "begin", "mix", "end", "abort") that read the weights: they wait
+#: while an update is mixing them in.
 READS_WEIGHTS = ("score", "download")
 DEFAULT_MAX_BATCH_TOKENS = 16384
-
-
-@dataclass
-class Job:
-    kind: str        # "score", "download", "begin", "mix", "end" or "abort"
-    args: tuple
-    future: Future = field(default_factory=Future)
 
 
 @dataclass
@@ -81,16 +73,13 @@ class ReferenceHost:
         self.specs = {name: TensorSpec.of(name, t) for name, t in self.tensors.items()}
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_batch_tokens, self.request_timeout, self.bucket_bytes = max_batch_tokens, request_timeout, bucket_bytes
-        self.jobs: queue.Queue[Job] = queue.Queue()
         self.update: Update | None = None
         self.version = 0              # complete updates so far
         self.damaged: str | None = None
-        self.dead: str | None = None
         self.batches = 0              # forward passes so far (/info; tests see the batching)
         self.held: list[Job] = []     # jobs that read the weights, waiting for an update to end
-        self._busy: tuple[str, float] | None = None  # (job kind, deadline) of the running job
-        self.thread = threading.Thread(target=self._serve, name="grpo-reference", daemon=True)
-        self.thread.start()
+        self.worker = Worker("grpo-reference", self._schedule, wait=self._patience, subject="the reference model",
+                             worker="the reference worker", restart="grpo ref-serve")
 
     # -- request threads ------------------------------------------------------------------
     def logprobs(self, groups: list[Group], temperature: float, timeout: float) -> list[list[list[float]]]:
@@ -133,67 +122,39 @@ class ReferenceHost:
         return {"kind": "reference", "dtype": dtype_name(param.dtype), "device": str(param.device),
                 "vocab_size": self.vocab_size, "weights_version": self.version, "damaged": self.damaged,
                 "max_batch_tokens": self.max_batch_tokens, "layout": self.layout.kind, "batches": self.batches,
-                "waiting": self.jobs.qsize() + len(self.held), "updating": self.update is not None,
+                "waiting": self.worker.waiting() + len(self.held), "updating": self.update is not None,
                 "tensors": len(self.tensors)}
 
     def health(self) -> str | None:
         """None when the worker takes jobs, else why not (dead, or stuck past a deadline)."""
-        if self.dead or not self.thread.is_alive():
-            return self.dead or "the reference worker thread has stopped; restart grpo ref-serve"
-        busy = self._busy
-        if busy is not None and time.monotonic() > busy[1]:
-            return (f"the reference model is stuck: a {busy[0]} job has run {time.monotonic() - busy[1]:.0f} s "
-                    "past its deadline; restart grpo ref-serve")
-        return None
+        return self.worker.health()
 
     def _submit(self, job: Job, timeout: float) -> Any:
-        problem = self.health()
-        if problem is not None:
-            raise ServerError(503, problem)
-        self.jobs.put(job)
         try:
-            return job.future.result(timeout=timeout)
+            return self.worker.ask(job, timeout)
         except FutureTimeout:
             job.future.cancel()  # not started: the worker skips it
             raise ServerError(504, f"the reference model did not answer within {timeout:g} s "
-                                   f"({self.jobs.qsize()} jobs waiting)") from None
+                                   f"({self.worker.waiting()} jobs waiting)") from None
 
     # -- the worker thread ------------------------------------------------------------------
-    def _serve(self) -> None:
-        try:
-            while True:
-                if self.held and self.update is None:
-                    jobs, self.held = self.held, []
-                else:
-                    first = self._next()
-                    if first is None:
-                        continue
-                    jobs = [first]
-                jobs += self._drain()
-                self.held += self._run(jobs)
-        except BaseException as exc:  # pragma: no cover - a bug; /health reports it
-            self.dead = f"the reference worker failed ({type(exc).__name__}: {exc}); restart grpo ref-serve"
-            raise
-
-    def _next(self) -> Job | None:
-        """The next job; while an update is open, None once it has waited its timeout (it expires)."""
+    def _patience(self) -> float | None:
+        """How long the worker waits for a job: not at all when held jobs may go, until an open
+        update expires, else until one comes."""
         u = self.update
         if u is None:
-            return self.jobs.get()
-        try:
-            return self.jobs.get(timeout=max(u.last + u.timeout - time.monotonic(), 0.01))
-        except queue.Empty:
-            if self.update is u and time.monotonic() >= u.last + u.timeout:
-                self._close_update(u, f"it got no call for {u.timeout:g} s")
-            return None
+            return 0.0 if self.held else None
+        return max(u.last + u.timeout - time.monotonic(), 0.01)
 
-    def _drain(self) -> list[Job]:
-        out = []
-        while True:
-            try:
-                out.append(self.jobs.get_nowait())
-            except queue.Empty:
-                return out
+    def _schedule(self, jobs: list[Job]) -> None:
+        """The worker's schedule: the jobs that came ([] after a wait of ``_patience`` without one).
+        An open update that got no call for its timeout expires; held jobs go once no update is open."""
+        u = self.update
+        if not jobs and u is not None and time.monotonic() >= u.last + u.timeout:
+            self._close_update(u, f"it got no call for {u.timeout:g} s")
+        if self.update is None:
+            jobs, self.held = self.held + jobs, []
+        self.held += self._run(jobs)
 
     def _run(self, jobs: list[Job]) -> list[Job]:
         """Run jobs in order, consecutive log-prob requests together; those that must wait are returned."""
@@ -211,30 +172,21 @@ class ReferenceHost:
         return held
 
     def _one(self, job: Job) -> None:
-        if not job.future.set_running_or_notify_cancel():
-            return
-        self._busy = (job.kind, time.monotonic() + self.request_timeout)
-        try:
-            job.future.set_result(getattr(self, f"_do_{job.kind}")(*job.args))
-        except Exception as exc:  # noqa: BLE001 - the request's answer (4xx/5xx), not the worker's end
-            job.future.set_exception(exc)
-        finally:
-            self._busy = None
+        self.worker.run(job, getattr(self, f"_do_{job.kind}"), *job.args, label=f"a {job.kind} job",
+                        limit=self.request_timeout)
 
     def _score(self, jobs: list[Job]) -> None:
         """Every waiting log-prob request's sequences in forward passes under the token budget."""
         live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
         for temperature in dict.fromkeys(job.args[1] for job in live):
             same = [job for job in live if job.args[1] == temperature]
-            self._busy = ("log-prob", time.monotonic() + self.request_timeout)
             try:
-                answers = self._logprobs([g for job in same for g in job.args[0]], temperature)
+                with self.worker.busy("a log-prob job", self.request_timeout):
+                    answers = self._logprobs([g for job in same for g in job.args[0]], temperature)
             except Exception as exc:  # noqa: BLE001 - fails these requests (500 with the reason), not the worker
                 for job in same:
                     job.future.set_exception(exc)
                 continue
-            finally:
-                self._busy = None
             k = 0
             for job in same:
                 job.future.set_result(answers[k : k + len(job.args[0])])

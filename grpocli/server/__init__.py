@@ -1,7 +1,8 @@
 """`grpo vllm-serve`: a FastAPI + uvicorn generation server around one vLLM engine, with weight updates.
 
 protocol.py  grpo's own protocol (version PROTOCOL_VERSION): its paths and the pydantic request bodies
-host.py      the engine's single thread, weight updates in flight, their timeouts
+host.py      the engine on its worker's thread, weight updates in flight, their timeouts
+worker.py    one thread that runs the engine's jobs in order (deadlines, stuck, health; ref-serve's too); ServerError
 app.py       the routes of that protocol, the API key, errors as 4xx with a reason; run_server()
 trl.py       the paths TRL's VLLMClient uses (vLLM's server's), answered by the same engine
 completions.py  their OpenAI-style bodies -> vLLM SamplingParams, vLLM's outputs -> choices and log-probs

@@ -1,13 +1,13 @@
 """The engine behind the server: one thread runs it; weight updates stream into it with timeouts.
 
-Every engine call (generate, reload, cache reset) runs on a single worker thread, in order, so
-requests never race inside vLLM. A weight update is a stream: ``begin`` starts one call of vLLM's
-``reload_weights`` on that thread whose weight iterator reads buckets from a small queue;
-``bucket`` / ``broadcast`` put checked tensors on it; ``end`` closes it and waits. Memory stays
-at about two buckets. Every wait is bounded: a bucket that does not come within the update's
-timeout fails the update with that reason, and a failed or abandoned update leaves the engine
-marked as holding incomplete weights (generation is refused with that reason) until a complete
-update succeeds.
+Every engine call (generate, reload, cache reset) is a job of one Worker (grpocli.server.worker),
+run on its thread in the order it came, so requests never race inside vLLM. A weight update is a
+stream: ``begin`` queues one call of vLLM's ``reload_weights`` on that thread whose weight
+iterator reads buckets from a small queue; ``bucket`` / ``broadcast`` put checked tensors on it;
+``end`` closes it and waits. Memory stays at about two buckets. Every wait is bounded: a bucket
+that does not come within the update's timeout fails the update with that reason, and a failed or
+abandoned update leaves the engine marked as holding incomplete weights (generation is refused with
+that reason) until a complete update succeeds.
 
 No request can wedge the engine: when an engine call raises, every request still inside vLLM is
 aborted on that same thread before the next call runs, so the error fails that request alone. If
@@ -18,12 +18,13 @@ it stuck. Both are refused with a 503 and reported by /health (see ``health``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -37,16 +38,9 @@ from grpocli.generation.weights import (
     spec_problems,
     unflatten_bucket,
 )
+from grpocli.server.worker import Job, ServerError, Worker
 
 _END, _ABORT = object(), object()
-
-
-class ServerError(Exception):
-    """An answer with an HTTP status and a reason (4xx: the request; 5xx: the engine)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
 
 
 class WeightUpdate:
@@ -115,7 +109,6 @@ class EngineHost:
     def __init__(self, engine: Any, *, bind_host: str = "127.0.0.1") -> None:
         self.engine = engine
         self.bind_host = bind_host
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grpo-engine")
         self.lock = threading.Lock()
         self.update: WeightUpdate | None = None
         self.version = 0
@@ -124,8 +117,8 @@ class EngineHost:
         self.group_backend: str | None = None
         self._group_ready: Future | None = None
         self._store: Any = None
-        self.dead: str | None = None  # why the engine can take no more calls (a failed clean-up)
-        self._busy: tuple[str, float] | None = None  # (what, deadline) of the call on the engine thread
+        self.worker = Worker("grpo-engine", self._in_order, subject="the engine", worker="the engine worker",
+                             restart="grpo vllm-serve")
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -137,12 +130,9 @@ class EngineHost:
 
     def run(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
         """Run fn on the engine thread; bad input -> 400, a slow engine -> 504, a stuck or dead one -> 503."""
-        problem = self.health()
-        if problem is not None:
-            raise ServerError(503, problem)
-        future = self.pool.submit(self._guarded, fn, args, kwargs, timeout)
+        job = Job(getattr(fn, "__name__", "an engine call"), (functools.partial(fn, *args, **kwargs), timeout))
         try:
-            return future.result(timeout=timeout)
+            return self.worker.ask(job, timeout)
         except FutureTimeout:
             raise ServerError(504, f"the engine did not answer within {timeout:g} s") from None
         except Exception as exc:
@@ -150,16 +140,19 @@ class EngineHost:
                 raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
             raise
 
-    def _guarded(self, fn: Any, args: tuple, kwargs: dict, timeout: float) -> Any:
-        """fn on the engine thread; on any error the engine is cleaned up before the next call."""
-        self._busy = (getattr(fn, "__name__", "an engine call"), time.monotonic() + timeout)
+    def _in_order(self, jobs: list[Job]) -> None:
+        """The worker's schedule: each job as it came, under its own deadline (``run``'s timeout)."""
+        for job in jobs:
+            call, limit = job.args
+            self.worker.run(job, self._guarded, call, label=job.kind, limit=limit)
+
+    def _guarded(self, call: Any) -> Any:
+        """call() on the engine thread; on any error the engine is cleaned up before the next call."""
         try:
-            return fn(*args, **kwargs)
+            return call()
         except BaseException:
             self._recover()
             raise
-        finally:
-            self._busy = None
 
     def _recover(self) -> None:
         """Abort every request still inside vLLM (a failed step leaves them there, and the next
@@ -172,18 +165,12 @@ class EngineHost:
         except AttributeError:
             return  # not a vLLM engine (nothing is left inside it)
         except Exception as exc:
-            self.dead = (f"the engine failed and could not be cleaned up ({type(exc).__name__}: {exc}); "
-                         "restart grpo vllm-serve")
+            self.worker.dead = (f"the engine failed and could not be cleaned up ({type(exc).__name__}: {exc}); "
+                                "restart grpo vllm-serve")
 
     def health(self) -> str | None:
-        """None when the engine can take calls, else why not (dead, or stuck on a call past its deadline)."""
-        if self.dead:
-            return self.dead
-        busy = self._busy
-        if busy is not None and time.monotonic() > busy[1]:
-            return (f"the engine is stuck: {busy[0]} has run {time.monotonic() - busy[1]:.0f} s past its "
-                    "deadline; restart grpo vllm-serve")
-        return None
+        """None when the engine can take calls, else why not (dead, closed, or stuck on a call past its deadline)."""
+        return self.worker.health()
 
     def generate(self, prompts: list, n: int, sampling: Any, *, seed: int | None, logprobs: bool,
                  timeout: float) -> Any:
@@ -237,7 +224,8 @@ class EngineHost:
                 raise ServerError(409, "the weights do not fit the engine's model: "
                                   + "; ".join([*(f"alias of an unknown tensor: {b}" for b in bad), *problems]))
             u = WeightUpdate(expected, aliases, timeout, transport, complete=complete)
-            u.future = self.pool.submit(self.engine.load_weights, u.tensors())
+            load = functools.partial(self.engine.load_weights, u.tensors())
+            u.future = self.worker.submit(Job("load_weights", (load, None)))  # no deadline: its waits are bounded
             self.update = u
             return u
 
@@ -376,7 +364,7 @@ class EngineHost:
 
     def close(self) -> None:
         self.close_group()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.worker.close()
         self.engine.close()
 
 
