@@ -1,6 +1,6 @@
 """Built-in dataset loaders, registered through the same hook a third-party plugin uses.
 
-Loader contract (grpocli.registry.hookspecs.register_datasets):
+Loader contract (grpocli.registry.hookspecs.DatasetLoader):
 ``loader(split: str, seed: int, **args)`` returns a ``datasets.Dataset`` or a list of dicts
 with a ``prompt`` column and the columns its rewards read (grpocli.data.source turns lists
 into Datasets). Light module: `datasets` is imported inside the loaders that need it.

@@ -1,24 +1,10 @@
 """Built-in curricula: functions that pick the next prompts from how the last ones scored.
 
-Contract (what the trainer passes, all by keyword; ``train.curriculum_args`` arrive as more
-keywords)::
-
-    fn(*, prompts, completions, rewards, metas, state, batch_size, next_rows, **args)
-        -> list[dict] | None
-
-    prompts      list, one per prompt just generated, as reward functions get them
-    completions  list[list], the G completions of each prompt
-    rewards      list[list[float | None]], the total reward of each completion, per prompt
-    metas        list[dict], the rows the prompts came from (all columns, ``prompt_text`` too)
-    state        dict the function keeps between calls; the trainer saves it in checkpoints,
-                 so only JSON values (str, numbers, lists, dicts) belong in it
-    batch_size   how many rows to return
-    next_rows    iterator over the rows the dataset would give next; the trainer's position
-                 in the dataset advances by exactly the rows the function takes from it
-
-It returns ``batch_size`` rows to generate from next (rows from ``metas`` or ``next_rows``, or
-new dicts with the dataset's columns; rows without ``prompt_text`` are rendered by the
-trainer), or None to take the next ``batch_size`` rows of the dataset.
+Each has the curriculum contract, ``grpocli.registry.hookspecs.Curriculum``: called by keyword
+with ``prompts, completions, rewards, metas, state, batch_size, next_rows`` and the recipe's
+``train.curriculum_args``, it returns ``batch_size`` rows to generate from next (rows of
+``metas`` or ``next_rows``; rows without ``prompt_text`` are rendered by the trainer), or None
+to take the dataset's next rows. ``state`` is saved in checkpoints: JSON values only.
 """
 
 from __future__ import annotations
@@ -31,10 +17,6 @@ from typing import Any
 
 import grpocli
 from grpocli.errors import UserError
-
-#: What the trainer passes every curriculum; any other keyword is a ``train.curriculum_args`` key,
-#: and those a curriculum does not name (or declare with ``@grpocli.recipe_args``) are refused.
-CURRICULUM_KEYWORDS = ("prompts", "completions", "rewards", "metas", "state", "batch_size", "next_rows")
 
 
 def replay_unsolved(

@@ -7,20 +7,18 @@ loader with ``path``), or a hub id containing "/" (the "hub" loader with ``id``)
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpocli.data.files import BUILDERS
 from grpocli.errors import UserError
+from grpocli.registry.contracts import DATASET, Resolved, check
 
 if TYPE_CHECKING:
     import datasets
 
     from grpocli.recipe.schema import DataSection
     from grpocli.registry.names import Entry, Registry
-
-RESERVED_ARGS = ("split", "seed")
 
 
 def load_dataset_for(
@@ -85,34 +83,10 @@ def looks_local(name: str) -> bool:
 
 
 def _check_args(entry: Entry, args: dict[str, Any]) -> None:
-    """Unknown or missing ``data.args`` keys, named before the loader runs."""
-    params = inspect.signature(entry.fn).parameters
-    reserved = sorted(set(args) & set(RESERVED_ARGS))
-    if reserved:
-        raise UserError(
-            f"data.args may not set {', '.join(reserved)}",
-            where="data.args",
-            hint="set data.split / data.eval_split and train.seed instead",
-        )
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    named = [n for n, p in params.items() if p.kind is not p.VAR_KEYWORD and n not in RESERVED_ARGS]
-    unknown = sorted(set(args) - set(named))
-    if unknown and not takes_any:
-        raise UserError(
-            f"dataset {entry.name!r} takes no argument {', '.join(map(repr, unknown))}",
-            where="data.args",
-            valid=", ".join(named) or "(no arguments)",
-            hint="`grpo inspect plugins` describes each dataset",
-        )
-    missing = [
-        n for n in named if params[n].default is inspect.Parameter.empty and n not in args
-    ]
-    if missing:
-        raise UserError(
-            f"dataset {entry.name!r} needs data.args.{missing[0]}",
-            where="data.args",
-            valid=", ".join(named),
-        )
+    """The loader against its contract (``grpocli.registry.hookspecs.DatasetLoader``): unknown,
+    reserved or missing ``data.args`` keys, and a loader that cannot take ``split`` or ``seed``,
+    named before the loader runs."""
+    check(Resolved.of("dataset", entry), DATASET, where="data.dataset", args=args, args_where="data.args")
 
 
 def _check_single_file(entry: Entry, args: dict[str, Any], data: DataSection, split: str) -> None:

@@ -1,4 +1,5 @@
-"""Plugins: hookspecs (the public contract), name registries and the plugin manager."""
+"""Plugins: hookspecs (the public contract: hooks, and a Protocol per kind a plugin registers),
+the checks of a callable against its Protocol (contracts), name registries and the plugin manager."""
 
 from grpocli.registry.manager import Plugins, load_plugins
 from grpocli.registry.names import Entry, Registry

@@ -1,4 +1,5 @@
-"""Name registries: reward, dataset and curriculum names, each traced to the plugin that made it."""
+"""Name registries, one per kind a plugin registers (reward, dataset, curriculum, tool,
+environment), each name traced to the plugin and distribution that registered it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Entry:
 
 
 class Registry:
-    """Names of one kind ("reward", "dataset", "curriculum") mapped to entries."""
+    """Names of one kind ("reward", "dataset", "curriculum", "tool", "environment") mapped to entries."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind

@@ -6,15 +6,13 @@ max_steps, epoch, ...), ``log_extra(column, values)`` (extra columns of the comp
 and ``log_metric(name, value)`` (a scalar averaged into the step's metrics). grpo passes the
 same: what rewards log lands in rollouts/step-N.jsonl (``extra``) and metrics.jsonl.
 Completions are chat message lists exactly when TRL makes them so: when the prompt is one.
+The keywords themselves are the reward contract's: ``grpocli.registry.hookspecs.REWARD_KEYWORDS``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-#: The keywords grpo passes to every reward itself (dataset columns and args come on top).
-TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 @dataclass

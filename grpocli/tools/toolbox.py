@@ -5,7 +5,9 @@ signature and docstring (``transformers.utils.get_json_schema``, as TRL does) an
 chat template shows the model. ``[[tools]] name`` is a registered tool or ``module:function``
 (``path/to/file.py:function``), as rewards are named. An environment (``multi_turn.environment``)
 is a registered factory or ``module:Class``: one instance per rollout, its public methods are
-tools (``reset`` and ``get_reward`` excepted), as TRL's ``environment_factory``.
+tools (``reset`` and ``get_reward`` excepted), as TRL's ``environment_factory``. Both are checked
+against their contracts (``grpocli.registry.hookspecs.Tool``, ``EnvironmentFactory`` and
+``Environment``) before any model loads.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpocli.errors import UserError
-
-#: Environment methods that are not tools.
-ENVIRONMENT_HOOKS = ("reset", "get_reward")
+from grpocli.registry.contracts import (
+    ENVIRONMENT,
+    ENVIRONMENT_RESET,
+    ENVIRONMENT_REWARD,
+    Resolved,
+    check,
+    check_tool,
+    function_name,
+)
+from grpocli.registry.hookspecs import ENVIRONMENT_METHODS
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class Toolbox:
     environment: Callable[..., Any] | None = None
     environment_args: dict[str, Any] = field(default_factory=dict)
     environment_tools: list[Tool] = field(default_factory=list)  # from a probe instance: the schemas
+    environment_source: Resolved | None = None  # the environment as the recipe named it, for messages
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -59,15 +69,18 @@ class Toolbox:
         return out
 
 
-def tool_from_function(fn: Callable[..., Any], where: str) -> Tool:
-    """The Tool of a typed, documented function (or bound method); UserError naming what is missing."""
+def tool_from_function(fn: Callable[..., Any], where: str, source: Resolved | None = None) -> Tool:
+    """The Tool of a typed, documented function (or bound method); UserError naming what is
+    missing, and ``source`` (the plugin or reference that provides it) where given."""
     from transformers.utils import get_json_schema
 
+    source = source or Resolved("tool", getattr(fn, "__name__", repr(fn)), fn)
+    check_tool(source, where=where)
     try:
         schema = get_json_schema(fn)
     except Exception as exc:  # noqa: BLE001 (DocstringParsingException, TypeHintParsingException)
         raise UserError(
-            f"tool {getattr(fn, '__name__', fn)!r} has no JSON schema: {exc}", where=where,
+            f"{source} has no JSON schema: {exc}", where=where,
             valid="a function with a type hint on every parameter and a docstring with a summary line and "
             "an 'Args:' entry per parameter (Google style)",
             hint="add the type hints and the docstring, e.g. def add(a: int, b: int) -> int: \"\"\"Add two "
@@ -83,23 +96,43 @@ def open_toolbox(recipe: Any, plugins: Any) -> Toolbox | None:
     if not recipe.tools and mt.environment is None:
         return None
     check_combinations(recipe)
-    tools = [tool_from_function(_resolve(spec.name, f"tools[{i}].name", plugins.tools), f"tools[{i}].name")
-             for i, spec in enumerate(recipe.tools)]
+    tools = []
+    for i, spec in enumerate(recipe.tools):
+        tool = _resolve("tool", spec.name, f"tools[{i}].name", plugins.tools)
+        tools.append(tool_from_function(tool.fn, f"tools[{i}].name", tool))
     box = Toolbox(tools)
     if mt.environment is not None:
-        box.environment = _resolve(mt.environment, "multi_turn.environment", plugins.environments)
-        box.environment_args = dict(mt.environment_args)
+        env = _resolve("environment", mt.environment, "multi_turn.environment", plugins.environments)
+        check(env, ENVIRONMENT, where="multi_turn.environment", args=mt.environment_args,
+              args_where="multi_turn.environment_args")
+        box.environment, box.environment_args, box.environment_source = env.fn, dict(mt.environment_args), env
         probe = _probe(box)
-        box.environment_tools = [tool_from_function(getattr(probe, name), "multi_turn.environment")
+        box.environment_tools = [tool_from_function(getattr(probe, name), "multi_turn.environment",
+                                                    env.at(name, getattr(probe, name)))
                                  for name in environment_methods(probe)]
     _check_unique(box)
     return box
 
 
+def check_environment(box: Toolbox, columns: list[str]) -> None:
+    """A fresh environment's ``reset`` (called with every column of the row) and ``get_reward``
+    (with nothing) against their contract; both are optional. UserError naming the method and
+    the parameter that does not fit."""
+    if box.environment is None:
+        return
+    env = _probe(box)
+    source = box.environment_source or Resolved("environment", function_name(box.environment), box.environment)
+    for name, contract in (("reset", ENVIRONMENT_RESET), ("get_reward", ENVIRONMENT_REWARD)):
+        method = getattr(env, name, None)
+        if callable(method):
+            check(source.at(name, method), contract, where="multi_turn.environment",
+                  columns=columns if name == "reset" else None)
+
+
 def environment_methods(env: Any) -> list[str]:
     """The names of an environment's tool methods: its public functions but reset and get_reward."""
     return [name for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
-            if not name.startswith("_") and name not in ENVIRONMENT_HOOKS]
+            if not name.startswith("_") and name not in ENVIRONMENT_METHODS]
 
 
 def check_combinations(recipe: Any) -> None:
@@ -123,13 +156,13 @@ def check_combinations(recipe: Any) -> None:
                         where=key, valid=fix, hint=f"set {fix}, or remove the tools")
 
 
-def _resolve(name: str, where: str, registry: Any) -> Callable[..., Any]:
+def _resolve(kind: str, name: str, where: str, registry: Any) -> Resolved:
     """A registered entry, else module:function / file.py:function."""
     if name in registry or ":" not in name:
-        return registry.get(name, where=where).fn
+        return Resolved.of(kind, registry.get(name, where=where))
     from grpocli.rewards.references import _function
 
-    return _function(name, where).fn
+    return Resolved(kind, name, _function(name, where).fn)
 
 
 def _probe(box: Toolbox) -> Any:
@@ -137,7 +170,8 @@ def _probe(box: Toolbox) -> Any:
         return box.new_environment()
     except Exception as exc:  # noqa: BLE001 (the user's constructor: named in the error)
         raise UserError(
-            f"the environment could not be made: {type(exc).__name__}: {exc}", where="multi_turn.environment",
+            f"{box.environment_source or 'the environment'} could not be made: {type(exc).__name__}: {exc}",
+            where="multi_turn.environment",
             valid="a class or factory that takes [multi_turn] environment_args as keyword arguments",
             hint="check multi_turn.environment_args against the environment's constructor",
         ) from None

@@ -1,5 +1,7 @@
 """Checks that need no model: every name in the recipe resolves to a registered plugin entry,
-the training split loads, and every reward can be called with what grpo will pass it."""
+the training split loads, and every callable the recipe uses (rewards, dataset loader,
+curriculum, tools, environment) fits its contract in grpocli.registry.hookspecs, so that grpo
+can call it with what it will pass (grpocli.registry.contracts)."""
 
 from __future__ import annotations
 
@@ -21,25 +23,30 @@ class Checked:
 
 
 def preflight(recipe: Recipe) -> Checked:
-    """Resolve rewards, dataset and curriculum names; UserError (with did-you-mean) otherwise."""
+    """Resolve every name and check every callable against its contract; UserError (with
+    did-you-mean, or naming the plugin, function and parameter that does not fit) otherwise."""
     from grpocli.data.source import load_dataset_for
     from grpocli.data.source import resolve as resolve_dataset
     from grpocli.models import check_model
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
-    from grpocli.tools.toolbox import open_toolbox
+    from grpocli.tools.toolbox import check_environment, open_toolbox
 
     _check_combinations(recipe)
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now
     plugins = load_plugins()
-    reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)
+    reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)  # names, and [[rewards]] args they take
     resolve_dataset(recipe.data, plugins.datasets)
-    curriculum = _curriculum(recipe, plugins)
-    toolbox = open_toolbox(recipe, plugins)  # multi-turn: tools and environment named, schemas built
+    curriculum = _curriculum(recipe, plugins)  # hookspecs.Curriculum
+    toolbox = open_toolbox(recipe, plugins)  # hookspecs.Tool and EnvironmentFactory; schemas built
+    # hookspecs.DatasetLoader, checked before the loader is called:
     dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
     _check_eval_split(recipe, plugins)
+    row_columns = sorted(set(dataset.column_names) | {"prompt"})  # a row as the trainer hands it on
+    if toolbox is not None:
+        check_environment(toolbox, row_columns)  # hookspecs.Environment: reset(**row), get_reward()
     env_column = ["environments"] if recipe.multi_turn.environment else []  # TRL's keyword, per rollout
-    _check_reward_signatures(reward_fns, recipe, list(dataset.column_names) + env_column)
+    _check_reward_signatures(reward_fns, recipe, plugins, list(dataset.column_names) + env_column)
     return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset, toolbox=toolbox)
 
 
@@ -69,45 +76,32 @@ def _curriculum(recipe: Recipe, plugins: Any) -> Any:
             )
         return None
     entry = plugins.curricula.get(t.curriculum, where="train.curriculum")
-    _check_curriculum_args(entry, t.curriculum_args)
+    _check_curriculum(entry, t.curriculum_args)
     return entry.fn
 
 
-def _check_curriculum_args(entry: Any, args: dict[str, Any]) -> None:
-    """Refuse train.curriculum_args the curriculum does not take, as unknown reward args are: a
-    misspelt ``threshold`` would otherwise run with the default. A curriculum that reads args
-    through ``**kwargs`` declares them with ``@grpocli.recipe_args("name", ...)``."""
-    import inspect
+def _check_curriculum(entry: Any, args: dict[str, Any]) -> None:
+    """The curriculum must take every keyword the trainer passes, and train.curriculum_args must
+    be args it takes, as unknown reward args are refused: a misspelt ``threshold`` would
+    otherwise run with the default. A curriculum that reads args through ``**kwargs`` declares
+    them with ``@grpocli.recipe_args("name", ...)``."""
+    from grpocli.registry.contracts import CURRICULUM, Resolved, check
 
-    from grpocli.data.curricula import CURRICULUM_KEYWORDS
-    from grpocli.rewards.arguments import accepted_args, refuse_unknown_args
-
-    accepted = accepted_args(entry.fn) - set(CURRICULUM_KEYWORDS)
-    source = f"curriculum {entry.name!r} (plugin {entry.plugin}, {entry.distribution})"
-    refuse_unknown_args(args, accepted, what=source, where="train.curriculum_args",
-                        hint="fix the arg's name, or leave it out; `grpo inspect plugins` describes each curriculum")
-    try:
-        params = inspect.signature(entry.fn).parameters.values()
-    except (TypeError, ValueError):  # no signature to check
-        return
-    for p in params:
-        if (p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                and p.name not in CURRICULUM_KEYWORDS and p.name not in args):
-            raise UserError(
-                f"{source} needs train.curriculum_args.{p.name}",
-                where="train.curriculum_args",
-                valid=", ".join(sorted(accepted)),
-            )
+    check(Resolved.of("curriculum", entry), CURRICULUM, where="train.curriculum", args=args,
+          args_where="train.curriculum_args")
 
 
-def _check_reward_signatures(reward_fns: list, recipe: Recipe, column_names: list[str]) -> None:
+def _check_reward_signatures(reward_fns: list, recipe: Recipe, plugins: Any, column_names: list[str]) -> None:
     """Every reward must be callable with TRL's keywords, the columns and its args (a TRL reward
     with the full signature works; one that requires something nobody passes stops here)."""
+    from grpocli.registry.contracts import Resolved
     from grpocli.rewards.arguments import check_reward_signature
 
     columns = (set(column_names) | {"prompt"}) - {recipe.data.prompt_column}  # as the loop passes them
-    for i, rf in enumerate(reward_fns):
-        check_reward_signature(i, rf.name, rf.fn, rf.args, sorted(columns))
+    for i, (spec, rf) in enumerate(zip(recipe.rewards, reward_fns, strict=True)):
+        reward = (Resolved.of("reward", plugins.rewards.get(spec.name)) if spec.name in plugins.rewards
+                  else Resolved("reward", spec.name, rf.fn))
+        check_reward_signature(i, reward, rf.args, sorted(columns))
 
 
 def _check_combinations(recipe: Recipe) -> None:
