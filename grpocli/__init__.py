@@ -22,7 +22,7 @@ hookimpl = pluggy.HookimplMarker("grpo")
 from grpocli.errors import UserError  # noqa: E402  (after hookimpl: modules below may use it)
 
 if TYPE_CHECKING:
-    from grpocli.rewards.arguments import recipe_args
+    from grpocli.registry.contracts import recipe_args
 
 __all__ = ["UserError", "__version__", "hookimpl", "recipe_args"]
 
@@ -30,7 +30,7 @@ __all__ = ["UserError", "__version__", "hookimpl", "recipe_args"]
 def __getattr__(name: str) -> Any:
     """``grpocli.recipe_args``, imported on first use (``import grpocli`` stays light)."""
     if name == "recipe_args":
-        from grpocli.rewards.arguments import recipe_args
+        from grpocli.registry.contracts import recipe_args
 
         return recipe_args
     raise AttributeError(f"module 'grpocli' has no attribute {name!r}")

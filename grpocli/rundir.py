@@ -7,7 +7,8 @@
 A checkpoint directory is complete exactly when it is named step-N: it is written as
 step-N.tmp and renamed at the end (an atomic rename), so a crash never leaves a
 complete-looking one behind. A disk can still damage one later (a truncated or deleted file),
-so resume and `grpo eval` check it first (`checkpoint_problems`) and take the newest intact one.
+so resume and `grpo eval` check it first (`checkpoint_problems`) and take the newest intact one;
+`resume_point` is the one rule for which checkpoint `grpo train` continues from (train.resume).
 
 JSON-lines files are read line by line as bytes: a torn or non-UTF-8 line (what SIGKILL or a
 full disk leaves at the end) is skipped and its number reported, never fatal.
@@ -246,3 +247,61 @@ def read_jsonl_lines(path: Path) -> JsonLines:
         out.skipped.append(number)
         out.torn = out.torn or number == len(lines)
     return out
+
+
+# -- which checkpoint a run continues from ----------------------------------------------
+def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
+    """The checkpoint `train.resume` names (step, path), None to start afresh; UserError for an
+    output_dir that cannot be written, a directory that already holds a run it may not continue,
+    a complete one, or a checkpoint that is damaged (auto: the newest intact one, with a warning
+    naming each newer damaged one; none intact is an error)."""
+    run.check_writable()
+    if resume not in ("auto", "never"):
+        return _named_checkpoint(run, Path(resume))
+    latest, damaged = run.newest_intact(resume=True)
+    if run.has_run() and resume == "never":
+        raise UserError(
+            f"the run directory {run.root} already holds a run", where="train.output_dir",
+            valid="an empty or new directory", hint="pick another: train.output_dir=runs/new, or resume: train.resume=auto",
+        )
+    if damaged and latest is None:
+        raise UserError(
+            f"no checkpoint in {run.checkpoints} can be resumed from: "
+            + "; ".join(d.render() for d in damaged),
+            where="train.resume", valid="a checkpoint with its model, tokenizer and trainer/ state complete",
+            hint=f"start afresh in a new directory: train.output_dir={run.root}-new   (or move the damaged "
+            f"checkpoints away: mv {run.checkpoints} {run.checkpoints}-damaged)",
+        )
+    for d in damaged:
+        _warn(f"skipping the damaged checkpoint {d.path}: {'; '.join(d.problems)}; "
+              f"resuming from {latest[1].name} instead")
+    if latest is not None and latest[0] >= steps:
+        raise UserError(
+            f"the run in {run.root} is already complete (checkpoint step-{latest[0]}, train.steps = {steps})",
+            where="train.output_dir", valid=f"train.steps > {latest[0]} to train on, or a new output_dir",
+            hint=f"grpo inspect {run.root}   or   grpo train ... train.output_dir=runs/new",
+        )
+    return latest
+
+
+def _named_checkpoint(run: RunDir, path: Path) -> tuple[int, Path]:
+    """train.resume=PATH: that checkpoint, when it is one and intact."""
+    intact = ", ".join(str(p) for _, p in run.list_checkpoints()
+                       if not checkpoint_problems(p, resume=True)) or "'auto' or 'never'"
+    step = path.name.rsplit("-", 1)[-1]
+    if not path.is_dir() or not step.isdigit():
+        raise UserError(f"no checkpoint at {path}", where="train.resume", valid=intact, hint=f"ls {run.checkpoints}")
+    problems = checkpoint_problems(path, resume=True)
+    if problems:
+        raise UserError(f"the checkpoint {path} is damaged: {'; '.join(problems)}", where="train.resume",
+                        valid=intact, hint="train.resume=auto (the newest intact checkpoint), or another PATH")
+    return int(step), path
+
+
+def _warn(text: str) -> None:
+    """A warning on stderr, from the first process only."""
+    import os
+    import sys
+
+    if os.environ.get("RANK", "0") == "0":
+        print(f"warning: {text}", file=sys.stderr, flush=True)

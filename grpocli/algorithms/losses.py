@@ -193,8 +193,9 @@ def grpo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: LossNorm) 
 
 
 def bnpo_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: LossNorm) -> torch.Tensor:
-    """BNPO (TRL `loss_type="bnpo"`, https://huggingface.co/docs/trl/grpo_trainer): the token mean of this micro-batch, averaged over the
-    micro-batches: `(sum l / active tokens here) / num_micro_batches`. Depends on the split."""
+    """BNPO (TRL `loss_type="bnpo"`, https://huggingface.co/docs/trl/grpo_trainer): the token mean of
+    this micro-batch, averaged over the micro-batches: `(sum l / active tokens here) /
+    num_micro_batches`. Depends on the split."""
     mask = mask.to(per_token_loss.dtype)
     return _masked(per_token_loss, mask).sum() / mask.sum().clamp(min=1.0) / norm.num_micro_batches
 

@@ -6,7 +6,7 @@
     IMPORTANCE_SAMPLING_MODES  vllm.importance_sampling_mode   engine/trainer importance weights
 
 An entry names its functions as attributes of the grpocli.algorithms modules ("losses:dapo_loss"),
-imported when first used: this module imports no torch, so the recipe schema takes its accepted
+imported when first used (and kept): this module imports no torch, so the recipe schema takes its accepted
 names (and their descriptions) from these tables, and preflight derives its compatibility rules
 from the entries' properties (grpocli.trainer.preflight). Each function's docstring names its
 paper; tests/algorithms/test_variants.py checks every entry against hand-computed numbers and the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 
@@ -52,11 +53,11 @@ class Loss:
                                       # advantage 0 still change it, so they are computed
     aliases: tuple[str, ...] = ()     # other names the recipe accepts (verl's loss_agg_mode)
 
-    @property
+    @cached_property
     def objective_fn(self) -> Callable[..., Any]:
         return resolve(self.objective)
 
-    @property
+    @cached_property
     def aggregation_fn(self) -> Callable[..., Any]:
         return resolve(self.aggregation)
 
@@ -70,7 +71,7 @@ class Advantage:
     needs_components: bool = False  # reads each reward's own values (components), not only the
                                     # weighted total: needs algorithm.reward_combination = 'sum'
 
-    @property
+    @cached_property
     def fn(self) -> Callable[..., Any]:
         return resolve(self.function)
 
@@ -84,7 +85,7 @@ class KlEstimator:
     summary: str
     refused: str | None = None
 
-    @property
+    @cached_property
     def fn(self) -> Callable[..., Any]:
         if self.function is None:
             raise ValueError(f"this KL estimator is refused: {self.refused}")
@@ -101,7 +102,7 @@ class ImportanceMode:
     per_sequence: bool = False  # one weight per completion, from its summed log-ratio
     clamps: bool = False        # clamps the ratio into the bounds (else zeroes it outside them): needs a bound
 
-    @property
+    @cached_property
     def fn(self) -> Callable[..., Any]:
         return resolve(self.function)
 

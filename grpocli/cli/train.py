@@ -38,5 +38,6 @@ def train(
         typer.echo(to_toml(resolved.recipe))
         return
     from grpocli.launch.launcher import launch
+    from grpocli.trainer.loop import train as train_here
 
-    launch(resolved, overrides or [])
+    launch(resolved, overrides or [], train_here)

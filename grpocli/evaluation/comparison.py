@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -31,6 +31,12 @@ from grpocli.models.export import (
     open_model,
 )
 from grpocli.rundir import RunDir
+
+if TYPE_CHECKING:
+    from grpocli.generation.base import Sampling
+    from grpocli.recipe import Recipe, Resolved
+    from grpocli.recipe.schema import ModelSection
+    from grpocli.rewards import RewardFn
 
 
 def parse_k(text: str | None) -> list[int] | None:
@@ -96,8 +102,8 @@ def run_eval(
     return summaries
 
 
-def _evaluate_one(target: Target, model: CheckpointModel, r: Any, dataset: Any, count: int,
-                  reward_fns: list, settings: EvalSettings, sampling: Any) -> dict[str, Any]:
+def _evaluate_one(target: Target, model: CheckpointModel, r: Recipe, dataset: Any, count: int,
+                  reward_fns: list[RewardFn], settings: EvalSettings, sampling: Sampling) -> dict[str, Any]:
     from transformers import set_seed
 
     from grpocli.data.template import RenderedPrompts
@@ -122,14 +128,14 @@ def _evaluate_one(target: Target, model: CheckpointModel, r: Any, dataset: Any, 
     }
 
 
-def model_for(r: Any, target: Target) -> CheckpointModel:
+def model_for(r: Recipe, target: Target) -> CheckpointModel:
     """What to load for ``target``: the recipe's model, a checkpoint, or LoRA adapters on their base."""
     if target.path is not None and is_adapter(target.path):
         return checkpoint_model(target.path, model=r.model, seed=r.train.seed)
     return CheckpointModel(model_section_for(r.model, target), r.train.seed)
 
 
-def model_section_for(model: Any, target: Target) -> Any:
+def model_section_for(model: ModelSection, target: Target) -> ModelSection:
     """The recipe's [model] for the base; for a checkpoint its directory and its saved tokenizer
     (else the base model's), without fresh LoRA adapters or gradient checkpointing; for LoRA
     adapters their base model's section (grpocli.models.export.checkpoint_model)."""
@@ -139,7 +145,7 @@ def model_section_for(model: Any, target: Target) -> Any:
     return checkpoint_model(target.path, model=model).section
 
 
-def _open_checked(target: Target, model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, Any]:
+def _open_checked(target: Target, model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
     """`_open_backend`, where a checkpoint that vanished since it was chosen (a run still training
     prunes old ones: train.save_total_limit) is said to be gone, not a hub id to download."""
     gone = target.path is not None and not target.path.is_dir()
@@ -160,7 +166,7 @@ def _open_checked(target: Target, model: CheckpointModel, r: Any, sampling: Any)
     ) from None
 
 
-def _open_backend(model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, Any]:
+def _open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
     """The model (adapters merged) and the recipe's generation backend around it, made to hold
     completions of ``sampling.max_tokens``."""
     import torch
@@ -176,7 +182,7 @@ def _open_backend(model: CheckpointModel, r: Any, sampling: Any) -> tuple[Any, A
     return tokenizer, build_backend(policy, tokenizer, r, seed=r.train.seed)
 
 
-def _eval_root(configured: str | None, targets: list[Target], resolved: Any) -> Path:
+def _eval_root(configured: str | None, targets: list[Target], resolved: Resolved) -> Path:
     if configured:
         return Path(configured.replace("{recipe}", resolved.name))
     for target in targets:

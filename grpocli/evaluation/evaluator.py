@@ -12,12 +12,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.evaluation.answers import extract_answer
 from grpocli.evaluation.estimators import majority_at_n, mean_at_n, pass_at_k
 from grpocli.rewards import Scores, reward_metrics, score
+
+if TYPE_CHECKING:
+    from grpocli.generation.base import Sampling
+    from grpocli.recipe.eval_section import EvalSection
+    from grpocli.recipe.schema import Recipe
+    from grpocli.rewards import RewardFn
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class EvalSettings:
     success_reward: str | None = None
 
     @classmethod
-    def from_section(cls, ev: Any, *, n: int | None = None, k: Sequence[int] | None = None,
+    def from_section(cls, ev: EvalSection, *, n: int | None = None, k: Sequence[int] | None = None,
                      threshold: float | None = None) -> EvalSettings:
         """From an [eval] section (grpocli.recipe.eval_section), command-line values first."""
         return cls(
@@ -51,8 +57,8 @@ class EvalSettings:
                             hint="use the name (or name#2 label) of a [[rewards]] entry")
 
 
-def eval_sampling(recipe: Any, *, temperature: float | None = None, top_p: float | None = None,
-                  max_tokens: int | None = None) -> Any:
+def eval_sampling(recipe: Recipe, *, temperature: float | None = None, top_p: float | None = None,
+                  max_tokens: int | None = None) -> Sampling:
     """The ``Sampling`` evaluation uses: [generation]'s, with [eval]'s temperature, top_p and
     max_tokens where set (None: the [generation] value), command-line values over both."""
     from dataclasses import replace
@@ -87,8 +93,8 @@ class EvalResult:
 
 
 def sample_and_score(
-    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
-    sampling: Any, *, prompt_column: str = "prompt", combination: str = "sum",
+    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list[RewardFn], settings: EvalSettings,
+    sampling: Sampling, *, prompt_column: str = "prompt", combination: str = "sum",
     indices: Sequence[int] | None = None, state: Any = None,
 ) -> list[dict[str, Any]]:
     """Records of N completions for each rendered row (rows carry ``prompt_text``), scored;

@@ -2,7 +2,7 @@
 
 The training loop opens one `PeriodicEval` (it loads and renders this process's eval prompts
 up front, so a wrong split fails before training starts), decides when one is due
-(grpocli.trainer.state.is_due) and calls `run(step)` after it has synced weights to its
+(grpocli.trainer.session.is_due) and calls `run(step)` after it has synced weights to its
 generation backend; the returned ``eval/...`` metrics go into metrics.jsonl and the samples
 into eval/step-N-<split>/. Under several processes each samples its share of the prompts and
 the records are gathered before summarizing; the shares may differ by a prompt (or be empty), so
@@ -31,6 +31,7 @@ from grpocli.parallel import Parallel
 from grpocli.rewards import RewardFn
 
 if TYPE_CHECKING:
+    from grpocli.generation.base import Sampling
     from grpocli.recipe.schema import Recipe
 
 
@@ -96,7 +97,7 @@ class PeriodicEval:
     def _sample(self, settings: EvalSettings, sampling: Any, *, seed: int, step: int) -> list[dict]:
         import torch
 
-        from grpocli.rewards.context import trainer_state
+        from grpocli.rewards.scoring import trainer_state
 
         r = self.recipe
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -113,7 +114,7 @@ class PeriodicEval:
         return sorted(self.parallel.gather_rows(samples), key=lambda s: (s["prompt_index"], s["sample"]))
 
 
-def check_engine_length(recipe: Any, sampling: Any) -> None:
+def check_engine_length(recipe: Recipe, sampling: Sampling) -> None:
     """The colocated vLLM engine holds data.max_prompt_length + generation.max_completion_length
     tokens (unless vllm.max_model_len says otherwise): longer eval completions do not fit."""
     if recipe.generation.backend != "vllm":

@@ -4,7 +4,10 @@ what they share: ``Sampling`` (the parameters), ``Generated`` (the result) and `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import GenerationSection
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
 
     @classmethod
-    def from_section(cls, gen: Any) -> Sampling:
+    def from_section(cls, gen: GenerationSection) -> Sampling:
         return cls(
             max_tokens=gen.max_completion_length,
             temperature=gen.temperature,

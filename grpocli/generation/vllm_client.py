@@ -35,9 +35,8 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from grpocli.parallel import Parallel
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
@@ -49,6 +48,10 @@ from grpocli.generation.weights import (
     pack_bucket,
     policy_weights,
 )
+from grpocli.parallel import Parallel
+
+if TYPE_CHECKING:
+    from grpocli.recipe.vllm_section import VllmSection
 
 PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: the server needs fastapi)
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
@@ -245,7 +248,7 @@ class VllmServerBackend(PromptEncoder):
     """GenerationBackend on one or more `grpo vllm-serve` (vllm.server_url); the policy's weights are
     sent to every server when it opens."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, vllm_section: Any, max_prompt_length: int,
+    def __init__(self, model: Any, tokenizer: Any, *, vllm_section: VllmSection, max_prompt_length: int,
                  transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  parallel: Parallel | None = None) -> None:
         from grpocli.generation.fleet import ServerFleet

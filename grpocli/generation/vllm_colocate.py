@@ -19,9 +19,8 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from grpocli.parallel import Parallel
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.weights import (
@@ -30,6 +29,10 @@ from grpocli.generation.weights import (
     policy_weights,
     spec_problems,
 )
+from grpocli.parallel import Parallel
+
+if TYPE_CHECKING:
+    from grpocli.recipe.vllm_section import VllmSection
 
 #: Environment vLLM reads at import; the user's own settings win (setdefault).
 VLLM_ENV = {
@@ -230,7 +233,7 @@ class VllmColocateBackend(PromptEncoder):
     """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
-                 vllm_section: Any, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None) -> None:
+                 vllm_section: VllmSection, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None) -> None:
         import torch
 
         v = vllm_section

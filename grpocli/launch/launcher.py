@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 from grpocli.errors import UserError
 from grpocli.launch.processes import LAUNCHED, LAUNCHER
@@ -53,22 +54,23 @@ from grpocli.recipe import Resolved
 MPI_SIZES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
-def launch(resolved: Resolved, overrides: list[str]) -> None:
-    """Train here, or start the processes that train; the run directory is locked meanwhile
-    (grpocli.launch.lock) by the process that was started by the user."""
+def launch(resolved: Resolved, overrides: list[str], train: Callable[[Resolved], None]) -> None:
+    """Run `train(resolved)` here, or start the processes that run it (each runs `grpo train`
+    with `overrides`); the run directory is locked meanwhile (grpocli.launch.lock) by the process
+    that was started by the user."""
     from grpocli.launch.processes import worker
 
     if _inside_launch():  # one of several: dies with its launcher, says its errors once
         with worker(), _main_process_lock(resolved):
             resolved = settle_mixed_precision(resolved, accelerate_request())
-            _train(_adopt_world_size(resolved, _world_size()))
+            train(_adopt_world_size(resolved, _world_size()))
         return
     with _lock(resolved):  # before anything reads or writes the run
         request = accelerate_request()
         resolved = settle_mixed_precision(resolved, request)
         n = _processes_to_start(resolved, overrides, request)
         if n == 1:
-            _train(resolved)
+            train(resolved)
             return
         _check_run_dir(resolved)  # once, here: not n times
         if n != resolved.recipe.train.num_processes:
@@ -77,15 +79,9 @@ def launch(resolved: Resolved, overrides: list[str]) -> None:
     sys.exit(code)
 
 
-def _train(resolved: Resolved) -> None:
-    from grpocli.trainer.loop import train
-
-    train(resolved)
-
-
 def _lock(resolved: Resolved):
-    from grpocli.rundir import RunDir
     from grpocli.launch.lock import run_lock
+    from grpocli.rundir import RunDir
 
     return run_lock(RunDir(resolved.output_dir()))
 
@@ -199,8 +195,7 @@ def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:
 # -- starting n processes --------------------------------------------------------------------
 def _check_run_dir(resolved: Resolved) -> None:
     """The run-directory errors every process would raise (already complete, no such checkpoint)."""
-    from grpocli.rundir import RunDir
-    from grpocli.trainer.checkpoint import resume_point
+    from grpocli.rundir import RunDir, resume_point
 
     t = resolved.recipe.train
     resume_point(RunDir(resolved.output_dir()), t.resume, t.steps)

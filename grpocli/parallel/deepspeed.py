@@ -39,7 +39,7 @@ from grpocli.errors import UserError
 from grpocli.parallel.strategy import Parallel, load_reference, save_reference
 
 if TYPE_CHECKING:
-    from grpocli.recipe.schema import Recipe, TrainSection
+    from grpocli.recipe.schema import Recipe
 
 #: The accelerate config keys a DeepSpeed launch reads from (for `where=` in errors).
 WHERE = "accelerate config (deepspeed_config)"

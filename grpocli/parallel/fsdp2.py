@@ -197,7 +197,10 @@ def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def full_optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """The optimizer's state, whole, keyed by parameter names (torch.distributed.checkpoint's
     full state dict); every process calls it, the main one gets the state on the CPU."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
 
     return get_optimizer_state_dict(model, _inner(optimizer),
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -205,13 +208,19 @@ def full_optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
 
 def load_full_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     """Load whole tensors (every process read them) into a sharded model: each keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def load_full_optimizer_state(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     set_optimizer_state_dict(model, _inner(optimizer), state, options=StateDictOptions(full_state_dict=True))
 

@@ -1,4 +1,8 @@
-"""Recipes: the schema, the loader with sources, and the built-in catalog. Imports no other grpocli module."""
+"""Recipes: the schema, the loader with sources, and the built-in catalog.
+
+Below every package but grpocli.algorithms (its variant tables name the accepted losses and
+estimators) and grpocli.errors; imports no torch, so `grpo --help` and `grpo inspect` stay light.
+"""
 
 from grpocli.recipe.loader import (
     Resolved,

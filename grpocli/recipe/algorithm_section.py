@@ -11,7 +11,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from grpocli.algorithms.variants import ADVANTAGES, KL_ESTIMATORS, LOSSES, described, loss_aliases
+from grpocli.algorithms.variants import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    LOSSES,
+    described,
+    loss_aliases,
+)
 from grpocli.recipe.section import Section
 
 #: Other names accepted for a loss (verl's loss_agg_mode names, where they coincide with ours).

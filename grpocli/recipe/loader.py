@@ -219,7 +219,7 @@ def _validation_error(exc: ValidationError, where_file: str, sources: dict[str, 
         loc = [str(p) for p in err["loc"]]
         dotted = _dotted(loc)
         source = _source_of(sources, dotted)
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # a validator's own message names the keys and values
         if err["type"] == "extra_forbidden":
             fields = _fields_at(loc[:-1])
             msg = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
@@ -228,7 +228,7 @@ def _validation_error(exc: ValidationError, where_file: str, sources: dict[str, 
             desc = _description(loc)
             if desc:
                 msg += f" ({desc})"
-        shown = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and "input" in err else ""
+        shown = f" (got {err['input']!r})" if err["type"] != "extra_forbidden" and _quotable(err) else ""
         origin = f" [from {source}]" if source != DEFAULT else ""
         lines.append(f"{dotted or '(recipe)'}: {msg}{shown}{origin}")
     return UserError(
@@ -237,6 +237,15 @@ def _validation_error(exc: ValidationError, where_file: str, sources: dict[str, 
         valid=valid,
         hint="fix the key(s) above; `grpo inspect recipe NAME` shows every key, its value and source",
     )
+
+
+def _quotable(err: Any) -> bool:
+    """Whether the error's input is a value worth quoting: not a whole section or recipe (the
+    input of a cross-field check, whose message names the keys and values involved itself)."""
+    if "input" not in err:
+        return False
+    value = err["input"]
+    return not isinstance(value, dict) and not (isinstance(value, list) and any(isinstance(x, dict) for x in value))
 
 
 def _dotted(loc: list[str]) -> str:

@@ -1,8 +1,10 @@
 """The recipe schema: every option of a run, declared once with its type, bounds and description.
 
 Help text, `grpo inspect recipe` and the docs read these declarations; nothing restates them.
-Imports only its sibling modules (section.py, algorithm_section.py, eval_section.py,
-tools_section.py, vllm_section.py).
+The sections live in their own modules here (algorithm_section.py, eval_section.py,
+tools_section.py, vllm_section.py); the names of the algorithm's variants (losses, advantage
+estimators, KL estimators, importance-sampling modes) are taken from grpocli.algorithms.variants,
+which imports no torch.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpocli.errors import UserError
-from grpocli.parallel import Parallel
 from grpocli.generation.vllm_client import refusal_detail, send
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
@@ -36,6 +35,7 @@ from grpocli.generation.weights import (
     pack_bucket,
     policy_weights,
 )
+from grpocli.parallel import Parallel
 
 if TYPE_CHECKING:
     from grpocli.recipe.algorithm_section import AlgorithmSection

@@ -24,13 +24,34 @@ import functools
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from grpocli.errors import UserError, did_you_mean
 from grpocli.registry import hookspecs
 
 #: The attribute ``@grpocli.recipe_args("name", ...)`` sets: args read through ``**kwargs``.
 MARKER = "recipe_args"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def recipe_args(*names: str) -> Callable[[F], F]:
+    """Declare ``[[rewards]] args`` (or ``train.curriculum_args``) that a function reads through ``**kwargs``.
+
+    ``@grpocli.recipe_args("scale", "mode")`` on ``def fn(prompts, completions, **kwargs)``
+    lets a recipe set ``args = {scale = 2, mode = "strict"}``. Named keyword parameters are
+    accepted without it; the names add to them.
+    """
+    reserved = hookspecs.REWARD_KEYWORDS
+    bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or n in reserved]
+    if bad:
+        raise TypeError(f"recipe_args takes argument names (identifiers other than {', '.join(reserved)}), "
+                        f"got {bad!r}")
+
+    def mark(fn: F) -> F:
+        setattr(fn, MARKER, frozenset(names))
+        return fn
+
+    return mark
 
 
 @dataclass(frozen=True)

@@ -7,42 +7,22 @@ itself: ``grpocli.registry.hookspecs.REWARD_KEYWORDS``, TRL's) plus the names it
 loads, so a misspelt arg is an error instead of a silently used default. The checks themselves
 are the registry's, one for every kind of callable (``grpocli.registry.contracts``).
 
-Light imports only: plugins reach this module through ``grpocli.recipe_args``.
+Light imports only. The marker itself, ``grpocli.recipe_args``, is the registry's
+(``grpocli.registry.contracts.recipe_args``): curricula use it too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from grpocli.registry import contracts
 from grpocli.registry.contracts import REWARD, Resolved
 from grpocli.registry.hookspecs import REWARD_KEYWORDS
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 #: Keywords grpo passes to every reward itself (TRL's); never ``[[rewards]] args``.
 RESERVED = REWARD_KEYWORDS
 MARKER = contracts.MARKER
-
-
-def recipe_args(*names: str) -> Callable[[F], F]:
-    """Declare ``[[rewards]] args`` (or ``train.curriculum_args``) that a function reads through ``**kwargs``.
-
-    ``@grpocli.recipe_args("scale", "mode")`` on ``def fn(prompts, completions, **kwargs)``
-    lets a recipe set ``args = {scale = 2, mode = "strict"}``. Named keyword parameters are
-    accepted without it; the names add to them.
-    """
-    bad = [n for n in names if not isinstance(n, str) or not n.isidentifier() or n in RESERVED]
-    if bad:
-        raise TypeError(f"recipe_args takes argument names (identifiers other than {', '.join(RESERVED)}), "
-                        f"got {bad!r}")
-
-    def mark(fn: F) -> F:
-        setattr(fn, MARKER, frozenset(names))
-        return fn
-
-    return mark
 
 
 def accepted_args(fn: Callable[..., Any]) -> set[str]:

@@ -33,9 +33,13 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from grpocli.errors import UserError, did_you_mean
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import RewardSpec
+    from grpocli.registry import Registry
 
 CONTRACT = "a function fn(prompts, completions, **kwargs) -> list[float | None]"
 FORMS = ("a registered name (`grpo inspect plugins`), module.path:function, path/to/file.py:function, "
@@ -52,7 +56,7 @@ class Found:
     kind: Literal["registered", "function", "model"]
 
 
-def lookup(spec: Any, index: int, registry: Any) -> Found:
+def lookup(spec: RewardSpec, index: int, registry: Registry) -> Found:
     """The reward that entry ``index`` of [[rewards]] names; UserError naming rewards[index].name."""
     name, where = spec.name, f"rewards[{index}].name"
     if name in registry:

@@ -5,6 +5,14 @@ Follows TRL's GRPOTrainer (``_calculate_rewards``): every reward gets ``prompts=
 not apply" and counts as 0 in the weighted sum (TRL's nansum). The "gated" combination is
 open-instruct's non-additive format reward: the other rewards count only where every gate
 (format) reward is > 0.
+
+TRL 1.16's other keywords reach them too (the reward contract's
+``grpocli.registry.hookspecs.REWARD_KEYWORDS``): ``trainer_state`` (a
+``transformers.TrainerState``: global_step, max_steps, epoch, ...), ``log_extra(column, values)``
+(extra columns of the completions table) and ``log_metric(name, value)`` (a scalar averaged into
+the step's metrics): what rewards log (`RewardLog`) lands in rollouts/step-N.jsonl (``extra``)
+and metrics.jsonl. Completions are chat message lists exactly when TRL makes them so: when the
+prompt is one (`trl_completions`).
 """
 
 from __future__ import annotations
@@ -16,14 +24,23 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from grpocli.errors import UserError
 from grpocli.rewards import invocation
 from grpocli.rewards.arguments import RESERVED, check_reward_args
-from grpocli.rewards.context import RewardLog, trainer_state, trl_completions
-from grpocli.rewards.invocation import Failed, RewardTimeout, accepted_kwargs, call_all, call_one
+from grpocli.rewards.invocation import (
+    Failed,
+    RewardTimeout,
+    accepted_kwargs,
+    call_all,
+    call_one,
+)
 from grpocli.rewards.references import lookup
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import RewardSpec
+    from grpocli.registry import Registry
 
 VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
 MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
@@ -44,6 +61,28 @@ class RewardFn:
 
 
 @dataclass
+class RewardLog:
+    """What rewards logged during one scoring call, through TRL's log_extra and log_metric."""
+
+    columns: dict[str, list[Any]] = field(default_factory=dict)   # one value per completion
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # scalars, averaged when logged
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        """TRL's ``log_extra``: a column of the completions table, one value per completion."""
+        self.columns.setdefault(str(column), []).extend(list(values))
+
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: a scalar for this batch."""
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def merge(self, other: RewardLog) -> None:
+        for column, values in other.columns.items():
+            self.columns.setdefault(column, []).extend(values)
+        for name, values in other.metrics.items():
+            self.metrics.setdefault(name, []).extend(values)
+
+
+@dataclass
 class Scores:
     """Per-reward values (None where a reward does not apply or failed), the weighted total,
     how many rows each reward scored None because it raised (with on_error = "none"), and
@@ -53,6 +92,27 @@ class Scores:
     total: list[float]
     errors: dict[str, int]
     logged: RewardLog = field(default_factory=RewardLog)
+
+
+def is_conversational(prompt: Any) -> bool:
+    """TRL's test: a prompt that is a list of chat messages (dicts with a role)."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def trl_completions(prompts: list, completions: list) -> list:
+    """Completions as TRL hands them to rewards: ``[{"role": "assistant", "content": text}]`` each
+    when the prompts are conversational, the strings otherwise (message lists stay as they are)."""
+    if not prompts or not is_conversational(prompts[0]):
+        return completions
+    return [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
+
+
+def trainer_state(*, global_step: int = 0, max_steps: int = 0, epoch: float = 0.0, num_tokens: int = 0) -> Any:
+    """A ``transformers.TrainerState`` as TRL passes it (imported here, not at grpo --help)."""
+    from transformers import TrainerState
+
+    return TrainerState(global_step=global_step, max_steps=max_steps, epoch=epoch,
+                        num_input_tokens_seen=num_tokens)
 
 
 def combine_sum(values: list[list[float | None]], weights: list[float], gates: list[bool]) -> list[float]:
@@ -86,7 +146,7 @@ def score(
     timeout: float | None = None,
     state: Any = None,
 ) -> Scores:
-    """Call every reward on the batch with TRL's keywords (grpocli.rewards.context), check and
+    """Call every reward on the batch with TRL's keywords (grpocli.rewards.scoring), check and
     combine; ``state`` is the trainer_state they get. Each call is bounded by its RewardFn's
     ``timeout`` (seconds), or by ``timeout`` for all of them where given."""
     completions = trl_completions(prompts, completions)
@@ -127,7 +187,7 @@ def reward_metrics(scores: Scores) -> dict[str, float]:
     return out
 
 
-def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
+def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error,
     timeout (0 or absent: no bound) and, for reward models, batch_size and device).
 
@@ -150,7 +210,7 @@ def resolve(specs: list[Any], registry: Any) -> list[RewardFn]:
     return out
 
 
-def _check_spec(i: int, spec: Any, fn: Callable[..., Any]) -> None:
+def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any]) -> None:
     if not math.isfinite(float(spec.weight)):
         raise UserError(f"weight of reward {spec.name!r} is {spec.weight}", where=f"rewards[{i}].weight",
                         valid="a finite number")

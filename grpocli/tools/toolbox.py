@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.registry.contracts import (
@@ -28,6 +28,10 @@ from grpocli.registry.contracts import (
     function_name,
 )
 from grpocli.registry.hookspecs import ENVIRONMENT_METHODS
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import Recipe
+    from grpocli.registry import Plugins
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ def tool_from_function(fn: Callable[..., Any], where: str, source: Resolved | No
     return Tool(schema["function"]["name"], fn, schema)
 
 
-def open_toolbox(recipe: Any, plugins: Any) -> Toolbox | None:
+def open_toolbox(recipe: Recipe, plugins: Plugins) -> Toolbox | None:
     """The recipe's Toolbox, or None for single-turn recipes; UserError for an unknown name, a
     tool without a schema, two tools of one name, or options multi-turn rollouts do not support."""
     mt = recipe.multi_turn
@@ -135,7 +139,7 @@ def environment_methods(env: Any) -> list[str]:
             if not name.startswith("_") and name not in ENVIRONMENT_METHODS]
 
 
-def check_combinations(recipe: Any) -> None:
+def check_combinations(recipe: Recipe) -> None:
     """Options that work single-turn but not with multi-turn rollouts (yet): refused with why."""
     g, why = recipe.generation, None
     if g.async_steps:

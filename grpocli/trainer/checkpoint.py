@@ -29,7 +29,7 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.parallel import Parallel
-from grpocli.rundir import RunDir, checkpoint_problems
+from grpocli.rundir import RunDir
 
 
 def save_checkpoint(
@@ -80,54 +80,6 @@ def _write(run: RunDir, tmp: Path, *, parallel: Parallel, model: Any, tokenizer:
     parallel.wait()
     if parallel.main:
         _fsync_tree(tmp)
-
-
-def resume_point(run: RunDir, resume: str, steps: int) -> tuple[int, Path] | None:
-    """The checkpoint `train.resume` names (step, path), None to start afresh; UserError for an
-    output_dir that cannot be written, a directory that already holds a run it may not continue,
-    a complete one, or a checkpoint that is damaged (auto: the newest intact one, with a warning
-    naming each newer damaged one; none intact is an error)."""
-    run.check_writable()
-    if resume not in ("auto", "never"):
-        return _named_checkpoint(run, Path(resume))
-    latest, damaged = run.newest_intact(resume=True)
-    if run.has_run() and resume == "never":
-        raise UserError(
-            f"the run directory {run.root} already holds a run", where="train.output_dir",
-            valid="an empty or new directory", hint="pick another: train.output_dir=runs/new, or resume: train.resume=auto",
-        )
-    if damaged and latest is None:
-        raise UserError(
-            f"no checkpoint in {run.checkpoints} can be resumed from: "
-            + "; ".join(d.render() for d in damaged),
-            where="train.resume", valid="a checkpoint with its model, tokenizer and trainer/ state complete",
-            hint=f"start afresh in a new directory: train.output_dir={run.root}-new   (or move the damaged "
-            f"checkpoints away: mv {run.checkpoints} {run.checkpoints}-damaged)",
-        )
-    for d in damaged:
-        _warn(f"skipping the damaged checkpoint {d.path}: {'; '.join(d.problems)}; "
-              f"resuming from {latest[1].name} instead")
-    if latest is not None and latest[0] >= steps:
-        raise UserError(
-            f"the run in {run.root} is already complete (checkpoint step-{latest[0]}, train.steps = {steps})",
-            where="train.output_dir", valid=f"train.steps > {latest[0]} to train on, or a new output_dir",
-            hint=f"grpo inspect {run.root}   or   grpo train ... train.output_dir=runs/new",
-        )
-    return latest
-
-
-def _named_checkpoint(run: RunDir, path: Path) -> tuple[int, Path]:
-    """train.resume=PATH: that checkpoint, when it is one and intact."""
-    intact = ", ".join(str(p) for _, p in run.list_checkpoints()
-                       if not checkpoint_problems(p, resume=True)) or "'auto' or 'never'"
-    step = path.name.rsplit("-", 1)[-1]
-    if not path.is_dir() or not step.isdigit():
-        raise UserError(f"no checkpoint at {path}", where="train.resume", valid=intact, hint=f"ls {run.checkpoints}")
-    problems = checkpoint_problems(path, resume=True)
-    if problems:
-        raise UserError(f"the checkpoint {path} is damaged: {'; '.join(problems)}", where="train.resume",
-                        valid=intact, hint="train.resume=auto (the newest intact checkpoint), or another PATH")
-    return int(step), path
 
 
 def load_checkpoint(

@@ -4,7 +4,8 @@
     2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
                       turn loop of grpocli.tools.turns, tools run between the model's turns)
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
-    4. advantages     Advantages: group-relative, over all processes; groups without spread marked
+    4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
+                      `compute_advantages`); groups without reward spread marked
     5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
                       frozen log-probs its loss needs (old policy, reference, engine weights)
     6. update         num_iterations passes over the slices: one optimizer step per slice
@@ -13,7 +14,7 @@
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
 Scored, Advantages; `Batch` and `Slice` here; the step's statistics); no phase fills in an
-earlier one's value. The run's counters are `Session.state` (grpocli.trainer.state.RunState), and
+earlier one's value. The run's counters are `Session.state` (grpocli.trainer.session.RunState), and
 the processes are asked through `Session.parallel` (grpocli.parallel).
 """
 
@@ -28,26 +29,41 @@ import torch
 
 from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
 from grpocli.algorithms.packing import choose_layout
+from grpocli.algorithms.variants import ADVANTAGES
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.weights import policy_weights
+from grpocli.parallel import Parallel
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import mix_state
-from grpocli.rewards import score
-from grpocli.rewards.context import trainer_state
-from grpocli.trainer.advantages import compute_advantages
+from grpocli.rewards import RewardFn, score
+from grpocli.rewards.scoring import trainer_state
 from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
-from grpocli.trainer.metrics import group_metrics, length_metrics, logged_metrics, reward_summary, write_rollouts
+from grpocli.trainer.metrics import (
+    cycle_shares,
+    group_metrics,
+    length_metrics,
+    logged_metrics,
+    reward_summary,
+    training_parts,
+    write_rollouts,
+)
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import Advantages, Rollouts, Scored
-from grpocli.trainer.session import Session, TrainingStopped
-from grpocli.trainer.state import is_due
+from grpocli.trainer.rollouts import (
+    Advantages,
+    Rollouts,
+    Scored,
+    flat_groups,
+    keep_informative,
+)
+from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
 if TYPE_CHECKING:
+    from grpocli.recipe.algorithm_section import AlgorithmSection
     from grpocli.tools.turns import TurnStats
 
 
@@ -108,7 +124,7 @@ class Loop:
             batch = self.generate()                                                   # 1-4
             slices = self.prepare(batch)                                              # 5
             plan = [sl for _ in range(r.algorithm.num_iterations) for sl in slices][: r.train.steps - state.step]
-            shares = cycle_shares(batch, slices, len(plan))  # each step's share of the cycle's time
+            shares = cycle_shares(batch.seconds, sum(sl.seconds for sl in slices), len(plan))  # each step's share
             for k, sl in enumerate(plan):
                 stats = self.update(sl)                                               # 6
                 state.step += 1
@@ -336,32 +352,47 @@ class Loop:
             self.prefetch.close()
 
 
-def flat_groups(scored: Scored) -> torch.Tensor:
-    """`bool [B]`: the groups whose rewards have no spread."""
-    return zero_spread_groups(scored.rewards.view(-1, scored.rollouts.group_size))
+# -- phase 4: advantages over every process's groups -------------------------------------
+def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmSection, *,
+                       max_completion_length: int, reward_fns: list[RewardFn]) -> Advantages:
+    """`values [B*G]`, `flat [B]` and `keep [B*G]` of this process's groups.
+
+    An estimator that `needs_components` (GDPO's normalize_then_sum) also gets every reward's own
+    values; for it a group is flat only where every one of those has no spread (equal totals
+    can hide rewards that differ, which such an estimator still tells apart).
+    """
+    a, g = algorithm, scored.rollouts.group_size
+    entry = ADVANTAGES[a.advantage_scale]
+    everyone = parallel.gather(scored.rewards).view(-1, g)                      # [W*B, G]
+    if entry.needs_components:
+        values, weights = reward_components(scored, a, max_completion_length, reward_fns)  # [B*G, R], [R]
+        n = values.shape[1]
+        parts = parallel.gather(values.reshape(-1)).view(-1, g, n)              # [W*B, G, R]
+        adv = entry.fn(everyone, components=parts, weights=weights)             # [W*B, G]
+        all_flat = torch.stack([zero_spread_groups(parts[..., k]) for k in range(n)]).all(dim=0)  # [W*B]
+    else:
+        adv = entry.fn(everyone)                                                 # [W*B, G]
+        all_flat = zero_spread_groups(everyone)                                  # [W*B]
+    b, rank = scored.rollouts.num_prompts, parallel.rank
+    flat = all_flat[rank * b : (rank + 1) * b]                                   # [B]
+    keep = ~flat if a.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+    return Advantages(values=adv[rank * b : (rank + 1) * b].reshape(-1), flat=flat,  # [B*G], [B]
+                      keep=keep.repeat_interleave(g))                                # [B*G]
 
 
-def keep_informative(parts: list[Scored], n: int) -> Scored:
-    """The first n groups with reward spread of the fill rounds (flat ones only where too few were found)."""
-    merged = Scored.concat(parts)
-    flat = flat_groups(merged).tolist()
-    order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
-    return merged.select(sorted(order[:n]))
-
-
-def training_parts(stats: dict[str, float]) -> dict[str, float]:
-    """The parts of time/training, named under it so that sums over the time/<phase> keys count
-    each second once; 0.0 for a skipped update that ran neither."""
-    return {"time/training/forward_backward": stats.get("time/forward_backward", 0.0),
-            "time/training/optimizer": stats.get("time/optimizer", 0.0)}
-
-
-def cycle_shares(batch: Batch, slices: list[Slice], steps: int) -> dict[str, float]:
-    """Each of the cycle's optimizer steps gets an equal share of the time spent once per cycle:
-    generation, rewards and log-prob passes; summed over the cycle's steps they give its totals."""
-    return {"time/generation": batch.seconds["time/generation"] / steps,
-            "time/rewards": batch.seconds["time/rewards"] / steps,
-            "time/logprobs": sum(sl.seconds for sl in slices) / steps}
+def reward_components(scored: Scored, algorithm: AlgorithmSection, max_completion_length: int,
+                      reward_fns: list[RewardFn]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each reward's own values `[B*G, R]` (None as 0, as in the weighted sum) and weights `[R]`,
+    in the order of the recipe's rewards; DAPO's overlong penalty, which the loop adds to the
+    total only, as one more reward of weight 1, so the components hold all of the total."""
+    columns = [[0.0 if v is None else float(v) for v in scored.per_reward[rf.name]] for rf in reward_fns]
+    weights = [float(rf.weight) for rf in reward_fns]
+    op = algorithm.overlong_penalty
+    if op.buffer_length:
+        columns.append(overlong_penalty(scored.rollouts.completion_lengths(), max_completion_length,
+                                        op.buffer_length, op.penalty).tolist())
+        weights.append(1.0)
+    return torch.tensor(columns, dtype=torch.float32).T.contiguous(), torch.tensor(weights)
 
 
 __all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]

@@ -1,5 +1,5 @@
-"""What a training step writes: its metrics.jsonl line (the batch-describing parts of it) and
-rollouts/step-N.jsonl.
+"""What a training step writes and shows: its metrics.jsonl line (the batch-describing parts of
+it and the time keys), rollouts/step-N.jsonl, and the terminal's progress display.
 
 Every figure of a line describes the optimizer batch of that step (its slice of the generation
 batch), gathered over all processes: rewards, per-reward metrics (the same code as `grpo eval`,
@@ -64,6 +64,56 @@ class MetricsLog:
         except OSError as err:  # flushing what a failed write left in the buffer fails again
             if not self._failed:  # ... and that first error is the one on its way out
                 raise OSError(err.errno, err.strerror, str(self.path)) from err
+
+
+class Progress:
+    """A rich progress bar on a terminal, plain lines otherwise, nothing with 'none'."""
+
+    SHOWN = (("reward", "reward"), ("kl", "kl"), ("completions/mean_length", "len"),
+             ("frac_reward_zero_std", "zero_std"), ("tokens_per_second", "tok/s"))
+
+    def __init__(self, mode: str, total: int, enabled: bool) -> None:
+        self.mode = "rich" if mode == "auto" and sys.stderr.isatty() else ("plain" if mode == "auto" else mode)
+        self.enabled = enabled and self.mode != "none"
+        self._bar = None
+        if self.enabled and self.mode == "rich":
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TimeRemainingColumn(),
+                            TextColumn("{task.fields[info]}"), transient=False)
+            self._task = self._bar.add_task("train", total=total, info="")
+            self._bar.start()
+
+    def resume_at(self, step: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
+
+    def update(self, metrics: dict[str, Any], total: int) -> None:
+        if not self.enabled:
+            return
+        info = "  ".join(f"{name} {metrics[key]:.4g}" for key, name in self.SHOWN
+                         if isinstance(metrics.get(key), (int, float)))
+        if self._bar is not None:
+            self._bar.update(self._task, completed=metrics["step"], info=info)
+        else:
+            print(f"step {metrics['step']}/{total}  {info}", file=sys.stderr, flush=True)
+
+    def note(self, text: str, *, always: bool = False) -> None:
+        """A line above the progress display; `always` prints it even with log.progress='none'."""
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        elif self.enabled or always:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def _step(row: dict[str, Any]) -> float:
@@ -180,3 +230,19 @@ def length_metrics(parallel: Parallel, part: Rollouts) -> dict[str, float]:
     if part.completion_mask is not None:  # multi-turn: model and tool tokens together
         out["completions/mean_total_length"] = float(parallel.gather(part.completion_lengths()).mean())
     return out
+
+
+# -- the time keys ------------------------------------------------------------------------
+def training_parts(stats: dict[str, float]) -> dict[str, float]:
+    """The parts of time/training, named under it so that sums over the time/<phase> keys count
+    each second once; 0.0 for a skipped update that ran neither."""
+    return {"time/training/forward_backward": stats.get("time/forward_backward", 0.0),
+            "time/training/optimizer": stats.get("time/optimizer", 0.0)}
+
+
+def cycle_shares(seconds: dict[str, float], logprob_seconds: float, steps: int) -> dict[str, float]:
+    """Each of the cycle's optimizer steps gets an equal share of the time spent once per cycle:
+    generation, rewards (`seconds`) and log-prob passes; summed over the cycle's steps they give
+    its totals."""
+    return {"time/generation": seconds["time/generation"] / steps, "time/rewards": seconds["time/rewards"] / steps,
+            "time/logprobs": logprob_seconds / steps}

@@ -6,20 +6,31 @@ can call it with what it will pass (grpocli.registry.contracts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from grpocli.algorithms.variants import ADVANTAGES, IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, LOSSES, names
+from grpocli.algorithms.variants import (
+    ADVANTAGES,
+    IMPORTANCE_SAMPLING_MODES,
+    KL_ESTIMATORS,
+    LOSSES,
+    names,
+)
 from grpocli.errors import UserError
 from grpocli.recipe import Recipe
+
+if TYPE_CHECKING:
+    from grpocli.registry import Entry, Plugins
+    from grpocli.rewards import RewardFn
+    from grpocli.tools.toolbox import Toolbox
 
 
 @dataclass
 class Checked:
-    plugins: Any
-    reward_fns: list
-    curriculum: Any
+    plugins: Plugins
+    reward_fns: list[RewardFn]
+    curriculum: Callable[..., Any] | None
     dataset: Any = None  # the training split (datasets.Dataset)
-    toolbox: Any = None  # grpocli.tools.toolbox.Toolbox of a multi-turn recipe, else None
+    toolbox: Toolbox | None = None  # a multi-turn recipe's tools and environment, else None
 
 
 def preflight(recipe: Recipe) -> Checked:
@@ -50,7 +61,7 @@ def preflight(recipe: Recipe) -> Checked:
     return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset, toolbox=toolbox)
 
 
-def _check_eval_split(recipe: Recipe, plugins: Any) -> None:
+def _check_eval_split(recipe: Recipe, plugins: Plugins) -> None:
     """With eval.every, the held-out split of a local dataset loads now: a missing or broken
     test file would otherwise stop the run at its first evaluation, after the model loaded."""
     from grpocli.data.source import load_dataset_for, resolve
@@ -62,7 +73,7 @@ def _check_eval_split(recipe: Recipe, plugins: Any) -> None:
         load_dataset_for(recipe.data, plugins.datasets, split, recipe.train.seed)
 
 
-def _curriculum(recipe: Recipe, plugins: Any) -> Any:
+def _curriculum(recipe: Recipe, plugins: Plugins) -> Callable[..., Any] | None:
     """The curriculum function, its args checked; None without train.curriculum."""
     t = recipe.train
     if not t.curriculum:
@@ -80,7 +91,7 @@ def _curriculum(recipe: Recipe, plugins: Any) -> Any:
     return entry.fn
 
 
-def _check_curriculum(entry: Any, args: dict[str, Any]) -> None:
+def _check_curriculum(entry: Entry, args: dict[str, Any]) -> None:
     """The curriculum must take every keyword the trainer passes, and train.curriculum_args must
     be args it takes, as unknown reward args are refused: a misspelt ``threshold`` would
     otherwise run with the default. A curriculum that reads args through ``**kwargs`` declares
@@ -91,7 +102,8 @@ def _check_curriculum(entry: Any, args: dict[str, Any]) -> None:
           args_where="train.curriculum_args")
 
 
-def _check_reward_signatures(reward_fns: list, recipe: Recipe, plugins: Any, column_names: list[str]) -> None:
+def _check_reward_signatures(reward_fns: list[RewardFn], recipe: Recipe, plugins: Plugins,
+                             column_names: list[str]) -> None:
     """Every reward must be callable with TRL's keywords, the columns and its args (a TRL reward
     with the full signature works; one that requires something nobody passes stops here)."""
     from grpocli.registry.contracts import Resolved

@@ -6,8 +6,8 @@ once by its phase and never changed after:
     Advantages   phase 4, advantages   one per completion, and which groups enter the loss
 
 All are prompt-major: completions [i*G : (i+1)*G] belong to prompt i. `select(groups)` cuts any
-of them to some groups (the optimizer batches of a cycle, DAPO's fill rounds); `Scored.concat`
-joins fill rounds.
+of them to some groups (the optimizer batches of a cycle); DAPO's fill rounds are joined with
+`Scored.concat` and cut to their informative groups (`keep_informative`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from grpocli.algorithms.advantages import zero_spread_groups
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,19 @@ class Advantages:
         group_size = len(self.values) // max(len(self.flat), 1)
         idx = torch.tensor(completions_of(groups, group_size), dtype=torch.long)
         return Advantages(self.values[idx], self.flat[torch.tensor(groups, dtype=torch.long)], self.keep[idx])
+
+
+def flat_groups(scored: Scored) -> torch.Tensor:
+    """`bool [B]`: the groups whose rewards have no spread."""
+    return zero_spread_groups(scored.rewards.view(-1, scored.rollouts.group_size))
+
+
+def keep_informative(parts: list[Scored], n: int) -> Scored:
+    """The first n groups with reward spread of the fill rounds (flat ones only where too few were found)."""
+    merged = Scored.concat(parts)
+    flat = flat_groups(merged).tolist()
+    order = [i for i, f in enumerate(flat) if not f] + [i for i, f in enumerate(flat) if f]
+    return merged.select(sorted(order[:n]))
 
 
 def completions_of(groups: list[int], group_size: int) -> list[int]:

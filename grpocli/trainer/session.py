@@ -3,8 +3,9 @@
 Names (rewards, dataset, curriculum, tools) and the run directory are checked before any model
 loads (grpocli.trainer.preflight). The parallel strategy (grpocli.parallel) is chosen once here,
 prepares the models, and is what the loop, the step, generation and checkpoints ask about the
-processes. The run's counters live in `RunState` (grpocli.trainer.state); the data position in
-the prompt stream; both are saved by checkpoints and restored here on resume.
+processes. The run's counters live in `RunState` (here); the data position in the prompt stream;
+both are saved by checkpoints and restored here on resume. `is_due` is the one rule for "every N
+steps" (checkpoints, evaluation, rollouts, reference refresh).
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from grpocli.inspection.alerts import Watch
 from grpocli.parallel import Parallel
 from grpocli.recipe import Recipe, Resolved, to_toml
 from grpocli.rewards import RewardFn
-from grpocli.rundir import RunDir
-from grpocli.trainer.metrics import MetricsLog
-from grpocli.trainer.progress import Progress
+from grpocli.rundir import RunDir, resume_point
+from grpocli.trainer.metrics import MetricsLog, Progress
 from grpocli.trainer.rollouts import Scored
-from grpocli.trainer.state import RunState
 
 if TYPE_CHECKING:
     from grpocli.data.template import RenderedPrompts
@@ -36,6 +35,45 @@ class TrainingStopped(UserError):
     """Training stopped on purpose (non-finite loss with on_nonfinite_loss='raise')."""
 
     exit_code = 1
+
+
+@dataclass
+class RunState:
+    step: int = 0                                   # optimizer steps taken
+    num_tokens: int = 0                             # prompt + completion tokens generated, all processes
+    last_saved: int = 0                             # step of the newest checkpoint (0: none yet)
+    curriculum_state: dict[str, Any] = field(default_factory=dict)  # the curriculum's own memory
+    pending_rows: list[dict[str, Any]] | None = None  # rows the curriculum chose for the next batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "num_tokens": self.num_tokens, "curriculum_state": self.curriculum_state,
+                "pending_rows": self.pending_rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state (which was saved at its own step)."""
+        self.step = self.last_saved = int(state["step"])
+        self.num_tokens = int(state.get("num_tokens", 0))
+        self.curriculum_state = dict(state.get("curriculum_state") or {})
+        self.pending_rows = state.get("pending_rows")
+
+    def take_pending(self) -> list[dict[str, Any]] | None:
+        """The rows the curriculum chose, once (None when it chose none)."""
+        rows, self.pending_rows = self.pending_rows, None
+        return rows
+
+
+def is_due(every: int | None, step: int, since: int | None = None) -> bool:
+    """True when something done every ``every`` optimizer steps is due at ``step``.
+
+    Without ``since``: ``step`` is a multiple of ``every``. With ``since`` (the step when it was
+    last considered, e.g. the start of a generation cycle of several optimizer steps): a multiple
+    of ``every`` lies in (since, step], so no multiple is skipped. ``every`` of 0 or None: never.
+    """
+    if not every or every <= 0:
+        return False
+    if since is None:
+        return step % every == 0
+    return step // every > since // every
 
 
 @dataclass
@@ -79,7 +117,6 @@ class Session:
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.parallel import start
-        from grpocli.trainer.checkpoint import resume_point
         from grpocli.trainer.preflight import preflight
 
         r = resolved.recipe
@@ -226,4 +263,4 @@ def _optimizer(t: TrainSection, model: Any) -> tuple[Any, Any]:
     return optimizer, scheduler
 
 
-__all__ = ["Session", "TrainingStopped"]
+__all__ = ["RunState", "Session", "TrainingStopped", "is_due"]

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from grpocli.algorithms.logprobs import sequence_logprobs
-from grpocli.algorithms.losses import LossNorm, PolicyTerms, SurrogateSettings, high_entropy_mask, importance_ratio
+from grpocli.algorithms.losses import (
+    LossNorm,
+    PolicyTerms,
+    SurrogateSettings,
+    high_entropy_mask,
+    importance_ratio,
+)
 from grpocli.algorithms.variants import KL_ESTIMATORS, LOSSES
 from grpocli.parallel import Parallel
 from grpocli.parallel.strategy import idle_forward

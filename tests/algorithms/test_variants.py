@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from grpocli.algorithms.losses import LossNorm, PolicyTerms, SurrogateSettings
-from grpocli.algorithms.variants import ADVANTAGES, IMPORTANCE_SAMPLING_MODES, KL_ESTIMATORS, LOSSES, loss_aliases
+from grpocli.algorithms.variants import (
+    ADVANTAGES,
+    IMPORTANCE_SAMPLING_MODES,
+    KL_ESTIMATORS,
+    LOSSES,
+    loss_aliases,
+)
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
 from grpocli.recipe.algorithm_section import AlgorithmSection

@@ -11,8 +11,8 @@ from rich.console import Console
 
 from grpocli.errors import UserError
 from grpocli.evaluation.evaluator import eval_sampling
-from grpocli.recipe import load_recipe
 from grpocli.parallel import Parallel
+from grpocli.recipe import load_recipe
 
 OVERRIDES = ["generation.max_completion_length=12", "data.args={num_samples=40}"]
 

@@ -19,8 +19,7 @@ from tiny_runs import FAST, TINY_MODEL
 
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
-from grpocli.rundir import RunDir
-from grpocli.trainer.checkpoint import resume_point
+from grpocli.rundir import RunDir, resume_point
 from grpocli.trainer.loop import train
 
 #: The tiny run, 4 steps with a checkpoint every 2: step-2 and step-4.

@@ -22,8 +22,8 @@ from cli_runner import ROOT, run_grpo
 from tiny_runs import FAST
 
 from grpocli.errors import UserError
-from grpocli.rundir import RunDir
 from grpocli.launch.lock import holder, lock_path, run_lock
+from grpocli.rundir import RunDir
 
 ENV = {"OMP_NUM_THREADS": "1"}
 

@@ -16,9 +16,9 @@ import pytest
 import tomllib
 import torch
 
+from grpocli.launch.launcher import LAUNCHED, _inside_launch, launch_command
 from grpocli.recipe import load_recipe
 from grpocli.rundir import RunDir
-from grpocli.launch.launcher import LAUNCHED, _inside_launch, launch_command
 
 STEPS = 3
 SETTINGS = [
@@ -105,7 +105,12 @@ def test_a_finished_run_fails_once_before_launching(tmp_path, monkeypatch):
         torch.save({}, run.checkpoint(3) / "trainer" / name)
     overrides = ["train.num_processes=2", "train.steps=3", f"train.output_dir={run.root}"]
     with pytest.raises(UserError, match="already complete"):  # raised here, not in 2 children
-        launch(load_recipe("quickstart", overrides), overrides)
+        launch(load_recipe("quickstart", overrides), overrides, not_here)
+
+
+def not_here(resolved) -> None:
+    """The training function for launches that must not train in this process."""
+    raise AssertionError("launch trained in this process")
 
 
 # -- accelerate launch ------------------------------------------------------------------------
@@ -133,7 +138,8 @@ def _accelerate(*args: str, timeout: float = 400) -> subprocess.CompletedProcess
 @pytest.fixture
 def under_accelerate(monkeypatch):
     """This process as accelerate's one-process launcher starts it (`accelerate launch --cpu ...`)."""
-    from grpocli.launch import launcher as launch_module, request as request_module
+    from grpocli.launch import launcher as launch_module
+    from grpocli.launch import request as request_module
 
     for key in (LAUNCHED, "WORLD_SIZE", "LOCAL_RANK", *LAUNCHER_ENV):
         monkeypatch.delenv(key, raising=False)
@@ -229,7 +235,7 @@ def test_one_process_launcher_asked_for_two_starts_two(under_accelerate, tmp_pat
     parent("--cpu", "--num_processes", "2")
     overrides = [f"train.output_dir={tmp_path / 'run'}"]
     with pytest.raises(SystemExit) as stop:
-        launch(load_recipe("quickstart", overrides), overrides)
+        launch(load_recipe("quickstart", overrides), overrides, not_here)
     assert stop.value.code == 0
     assert started == [(2, [*overrides, "train.num_processes=2"])]
 
@@ -242,7 +248,7 @@ def test_one_process_launcher_unreadable_stops_with_the_commands_that_work(under
     parent()  # its command line cannot be read; it set MASTER_ADDR: asked for several processes
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     with pytest.raises(UserError) as error:
-        launch(load_recipe("quickstart", ["train.steps=3"]), ["train.steps=3"])
+        launch(load_recipe("quickstart", ["train.steps=3"]), ["train.steps=3"], not_here)
     hint = error.value.render()
     assert "grpo train quickstart train.steps=3 train.num_processes=N" in hint
     assert "accelerate launch --multi_gpu --num_processes N -m grpocli.cli.app train quickstart" in hint
@@ -256,7 +262,7 @@ def test_one_process_launcher_on_several_machines_stops(under_accelerate):
     parent, started = under_accelerate
     parent("--cpu", "--num_machines", "2", "--num_processes", "4")
     with pytest.raises(UserError, match="--multi_gpu --num_machines 2"):
-        launch(load_recipe("quickstart", []), [])
+        launch(load_recipe("quickstart", []), [], not_here)
     assert started == []
 
 
@@ -279,5 +285,5 @@ def test_one_process_launcher_on_one_gpu_stops(under_accelerate, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "False")
     monkeypatch.setattr(launch_module, "_visible_gpus", lambda: 1)
     with pytest.raises(UserError, match="accelerate launch --cpu --num_processes 2 -m grpocli.cli.app train"):
-        launch_module.launch(load_recipe("quickstart", []), [])
+        launch_module.launch(load_recipe("quickstart", []), [], not_here)
     assert started == []

@@ -67,6 +67,20 @@ def test_batch_layout_that_cannot_work_is_refused_with_valid_values():
         load_recipe(None, ["generation.num_generations=1"])
 
 
+def test_a_cross_field_error_names_its_keys_and_values_not_the_whole_recipe():
+    with pytest.raises(UserError) as err:
+        load_recipe("quickstart", ["train.prompts_per_step=3", "train.num_processes=2"])
+    line = err.value.what.splitlines()[1]
+    assert "train.prompts_per_step = 3" in line and "train.num_processes = 2" in line
+    assert "got {" not in line and "'model'" not in line and "Value error" not in line, line
+    assert len(line) < 250, line
+    with pytest.raises(UserError) as err:  # a section's own cross-field check
+        load_recipe(None, ["vllm.importance_sampling_clip_min=3", "vllm.importance_sampling_clip_max=2"])
+    assert "importance_sampling_clip_min (3.0)" in err.value.what and "got {" not in err.value.what
+    with pytest.raises(UserError, match=r"\(got -1\)"):  # one key's value is still quoted
+        load_recipe(None, ["train.learning_rate=-1"])
+
+
 def test_every_key_is_documented_once_in_the_schema():
     from grpocli.recipe.fields import describe
 

@@ -15,8 +15,9 @@ from cli_runner import ROOT
 
 import grpocli
 from grpocli.errors import UserError
+from grpocli.registry import contracts
 from grpocli.registry.names import Registry
-from grpocli.rewards import arguments, resolve
+from grpocli.rewards import resolve
 from grpocli.rewards.arguments import accepted_args, check_reward_args
 from grpocli.rewards.builtin import BUILTIN_REWARDS
 
@@ -37,7 +38,7 @@ def refused(fn, args: dict, name: str = "test.reward", index: int = 0) -> UserEr
 
 
 def test_public_exports_are_the_real_ones() -> None:
-    assert grpocli.recipe_args is arguments.recipe_args
+    assert grpocli.recipe_args is contracts.recipe_args
     assert grpocli.UserError is UserError
     assert {"hookimpl", "recipe_args", "UserError"} <= set(grpocli.__all__)
     with pytest.raises(AttributeError):

@@ -15,11 +15,11 @@ from tiny_runs import FAST
 from turn_fixtures import ROWS, SAMPLING, chatty_model, echo_loop, recipe, runs
 
 from grpocli.algorithms import LossNorm
+from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.algorithms.packing import Layout
 from grpocli.generation.hf import HFBackend
 from grpocli.trainer.batching import make_micro_batches
-from grpocli.algorithms.packing import Layout
 from grpocli.trainer.rollouts import Rollouts
-from grpocli.algorithms.logprobs import sequence_logprobs
 from grpocli.trainer.step import LossSettings, micro_batch_loss
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 import torch
 from turn_fixtures import ROWS, SAMPLING, chatty_model, echo_loop, recipe, runs
 
-from grpocli.trainer.batching import make_micro_batches
-from grpocli.algorithms.packing import Layout
-from grpocli.trainer.rollouts import Rollouts
 from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.algorithms.packing import Layout
+from grpocli.trainer.batching import make_micro_batches
+from grpocli.trainer.rollouts import Rollouts
 
 
 def test_engine_and_trainer_logprobs_agree_on_a_multi_turn_sample():

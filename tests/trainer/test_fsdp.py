@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_runner import ROOT, run_grpo
-from grpocli.rundir import RunDir
 from tiny_runs import FAST
+
+from grpocli.rundir import RunDir
 
 SETTINGS = [*FAST, "train.steps=3", "train.save_steps=2", "train.num_processes=2", "train.torch_threads=1",
             "algorithm.beta=0.04"]  # a KL term: the reference model is sharded too
@@ -98,8 +98,8 @@ def test_weight_sync_gathers_one_tensor_at_a_time():
 
 def test_fsdp_version_1_from_accelerate_is_refused(monkeypatch):
     from grpocli.errors import UserError
-    from grpocli.recipe.schema import Recipe
     from grpocli.parallel.fsdp2 import sharding_of
+    from grpocli.recipe.schema import Recipe
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")

@@ -119,9 +119,8 @@ def _worker(parts: list[str]) -> None:
     import torch
     import torch.distributed as dist
     from accelerate import Accelerator
-    from turn_fixtures import chatty_model, recipe
-
     from torch.distributed.fsdp import FSDPModule
+    from turn_fixtures import chatty_model, recipe
 
     from grpocli.generation.hf import HFBackend
     from grpocli.parallel.fsdp2 import Fsdp2, shard

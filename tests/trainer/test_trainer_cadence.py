@@ -9,8 +9,8 @@ import torch
 from tiny_runs import TINY_MODEL
 
 from grpocli.recipe import load_recipe
-from grpocli.trainer.state import is_due
 from grpocli.trainer.loop import Loop, train
+from grpocli.trainer.session import is_due
 
 FAST = [
     *TINY_MODEL, "generation.max_completion_length=8",

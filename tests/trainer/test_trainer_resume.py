@@ -113,7 +113,7 @@ def test_a_finished_run_is_not_trained_again(tmp_path):
     from safetensors.torch import save_file
 
     from grpocli.errors import UserError
-    from grpocli.trainer.checkpoint import resume_point
+    from grpocli.rundir import resume_point
 
     run = RunDir(tmp_path)
     (run.checkpoint(4) / "trainer").mkdir(parents=True)

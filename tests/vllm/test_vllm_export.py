@@ -39,8 +39,8 @@ def test_vllm_greedy_equals_transformers_on_the_export(exported, greedy_referenc
 
     from grpocli.generation.vllm_colocate import VllmEngine
     from grpocli.models import load_policy
-    from grpocli.recipe import load_recipe
     from grpocli.models.files import load_weights
+    from grpocli.recipe import load_recipe
 
     run, out = exported
     tokenizer = AutoTokenizer.from_pretrained(out)
