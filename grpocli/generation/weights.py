@@ -79,15 +79,16 @@ class PolicyWeights:
     iteration still yields them, because vLLM's CPU backend refreshes a tied lm_head only when it
     is loaded too (a receiver repeats the tensor under its alias).
 
-    An FSDP2 policy (grpocli.parallel.fsdp2) holds DTensor shards: iteration gathers each whole
-    tensor when it is reached (a collective), so every process must walk the same tensors in the
-    same order: all of them iterate (a colocated engine each), or one sends while the others call
-    `take_part()`. No process holds more than one whole tensor beyond what the receiver keeps
-    (a bucket on its way, the engine's own weights).
+    The parallel strategy makes each tensor whole (`Parallel.whole_tensor`). An FSDP2 policy
+    (grpocli.parallel.fsdp2) holds DTensor shards: iteration gathers each whole tensor when it is
+    reached (a collective), so every process must walk the same tensors in the same order: all of
+    them iterate (a colocated engine each), or one sends while the others call `take_part()`. No
+    process holds more than one whole tensor beyond what the receiver keeps (a bucket on its way,
+    the engine's own weights).
     """
 
-    def __init__(self, model: Any, peft: bool, dtype: torch.dtype | None) -> None:
-        self.dtype = dtype
+    def __init__(self, model: Any, peft: bool, dtype: torch.dtype | None, parallel: Parallel) -> None:
+        self.dtype, self.parallel = dtype, parallel
         self.entries: list[Named] = []
         self.aliases: dict[str, str] = {}
         first: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -98,7 +99,7 @@ class PolicyWeights:
                     continue
                 name = name.removeprefix("base_model.model.").replace(".base_layer", "")
                 name = name.replace("modules_to_save.default.", "")
-            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor: its shard
+            local = parallel.local_tensor(tensor)  # FSDP2: this process's shard
             key = (local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size(),
                    tuple(tensor.shape))
             if key in first:
@@ -108,21 +109,14 @@ class PolicyWeights:
             self.entries.append((name, tensor.detach()))
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        if hasattr(tensor, "full_tensor"):  # an FSDP2 shard: gathered now, by every process
-            tensor = tensor.full_tensor()
+        tensor = self.parallel.whole_tensor(tensor)  # FSDP2: gathered now, by every process
         return tensor.to(self.dtype) if self.dtype is not None and tensor.is_floating_point() else tensor
 
-    @property
-    def sharded(self) -> bool:
-        return any(hasattr(t, "full_tensor") for _, t in self.entries)
-
     def take_part(self) -> None:
-        """On the processes that do not send: join the gathers of `unique()` (sharded models; else nothing)."""
-        if not self.sharded:
-            return
+        """On the processes that do not send: join the gathers of `unique()` (FSDP2; else nothing happens)."""
         for name, tensor in self.entries:
-            if name not in self.aliases and hasattr(tensor, "full_tensor"):
-                tensor.full_tensor()  # dropped at once
+            if name not in self.aliases:
+                self.parallel.whole_tensor(tensor)  # dropped at once
 
     def specs(self) -> list[TensorSpec]:
         """What a checkpoint of this policy holds (no aliases), in the dtype that is sent."""
@@ -145,15 +139,17 @@ class PolicyWeights:
 
 
 @contextmanager
-def policy_weights(model: Any, dtype: torch.dtype | None = None, parallel: Parallel | None = None) -> Iterator[PolicyWeights]:
+def policy_weights(model: Any, dtype: torch.dtype | None = None,
+                   parallel: Parallel | None = None) -> Iterator[PolicyWeights]:
     """The policy's weights (PolicyWeights), with LoRA adapters merged in while this is open, whole
     as the parallel strategy makes them (DeepSpeed ZeRO-3 gathers its partitions; default: one process)."""
     peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
-    with (parallel or Parallel.alone()).whole_weights(model):
+    parallel = parallel or Parallel.alone()
+    with parallel.whole_weights(model):
         if peft:
             model.merge_adapter()
         try:
-            yield PolicyWeights(model, peft, dtype)
+            yield PolicyWeights(model, peft, dtype, parallel)
         finally:
             if peft:
                 model.unmerge_adapter()

@@ -96,11 +96,12 @@ class DeepSpeed(Parallel):
             raise UserError(f"DeepSpeed ZeRO stage {self.stage} is not supported by grpo's training step",
                             where=f"{WHERE}: zero_stage", valid="2 or 3",
                             hint="configs/deepspeed_zero2.yaml or configs/deepspeed_zero3.yaml")
-        _agree(cfg, "gradient_accumulation_steps", 1, "grpo accumulates over its micro-batches itself (train.micro_batch_size)")
+        _agree(cfg, "gradient_accumulation_steps", 1,
+               "grpo accumulates over its micro-batches itself (train.micro_batch_size)")
         _agree(cfg, "gradient_clipping", t.max_grad_norm, "set by train.max_grad_norm")
-        if cfg.get("train_micro_batch_size_per_gpu", "auto") == "auto":  # a figure DeepSpeed reports: grpo feeds its own
+        if cfg.get("train_micro_batch_size_per_gpu", "auto") == "auto":  # DeepSpeed reports it; grpo feeds its own
             cfg["train_micro_batch_size_per_gpu"] = t.micro_batch_size or 1
-        for dtype in ("bf16", "fp16"):  # train.mixed_precision decides, as under DDP (accelerate's own setting does not)
+        for dtype in ("bf16", "fp16"):  # train.mixed_precision decides, as under DDP (not accelerate's setting)
             cfg.setdefault(dtype, {})["enabled"] = t.mixed_precision == dtype
         if t.mixed_precision == "bf16":
             cfg["bf16"].setdefault("check_grad_overflow", True)  # a non-finite norm skips the update, as under DDP
@@ -197,7 +198,7 @@ class DeepSpeed(Parallel):
     def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
         """Restore the weights and optimizer partitions DeepSpeed saved: exact under the same number
         of processes and ZeRO stage. A RuntimeError for a checkpoint without them."""
-        torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)  # read as under every strategy: a damaged one fails
+        torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)  # as every strategy: a damaged one fails
         zero = folder / "trainer" / ZERO_DIR
         if not (zero / _TAG).is_dir():
             raise RuntimeError(f"{zero}/{_TAG} is missing: the checkpoint was not written under DeepSpeed")

@@ -44,6 +44,12 @@ class Fsdp2(Parallel):
         super().__init__(accelerator)
         self.mixed_precision = mixed_precision
 
+    def whole_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.full_tensor() if is_shard(tensor) else tensor
+
+    def local_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to_local() if is_shard(tensor) else tensor
+
     def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
         acc = self.accelerator
         if acc.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
@@ -159,10 +165,17 @@ def _layers(model: Any) -> list[Any]:
 
 
 # -- full tensors, one at a time -----------------------------------------------------------
+def is_shard(tensor: torch.Tensor) -> bool:
+    """Whether a state-dict tensor is a DTensor shard (the parameters; buffers stay plain)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def full_tensor(tensor: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
     """The whole of a DTensor shard (a collective: every process calls it), moved to the CPU;
     None where `keep` is False (a process that only takes part). Plain tensors come back as they are."""
-    if not hasattr(tensor, "full_tensor"):
+    if not is_shard(tensor):
         return tensor
     whole = tensor.full_tensor()
     return whole.cpu() if keep else None
@@ -174,7 +187,7 @@ def full_state(model: Any, keep: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     seen: dict[int, torch.Tensor] = {}  # tied tensors (lm_head = embed_tokens): gathered once, shared
     for name, tensor in model.state_dict().items():
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        local = tensor.to_local() if is_shard(tensor) else tensor
         key = local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size()
         if key not in seen:
             seen[key] = full_tensor(tensor.detach(), keep)

@@ -186,6 +186,15 @@ class Parallel:
         """Around reading every weight of `model` whole (a weight sync): ZeRO-3 gathers its partitions."""
         return nullcontext()
 
+    def whole_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """One tensor of the model's state dict, whole (FSDP2: its shards gathered, a collective
+        every process joins); here as it is."""
+        return tensor
+
+    def local_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of a state-dict tensor this process holds (FSDP2: its shard); here all of it."""
+        return tensor
+
     # -- checkpoints -----------------------------------------------------------------------
     def check_replicas(self, model: Any) -> None:
         """DDP: every process must hold the same weights; a cheap fingerprint checks it."""

@@ -13,12 +13,13 @@ from typing import Any
 import torch
 
 from grpocli.generation.weights import PolicyWeights
+from grpocli.parallel import Parallel
 
 
 def reference_tensors(model: Any) -> PolicyWeights:
     """A (plain, unsharded) model's tensors under checkpoint names; ``unique()`` walks each storage
     once and ``aliases`` names the tied ones (lm_head -> embed_tokens), as a checkpoint holds them."""
-    return PolicyWeights(model, peft=False, dtype=None)
+    return PolicyWeights(model, peft=False, dtype=None, parallel=Parallel.alone())
 
 
 @torch.no_grad()

@@ -57,7 +57,7 @@ def _model(layers: int, hidden: int, lora: bool):
     return model
 
 
-def _sync_peaks(model, main: bool) -> dict:
+def _sync_peaks(model, parallel) -> dict:
     """Peak RSS growth of a colocated sync (every process walks the weights) and of a server sync."""
     import torch.distributed as dist
 
@@ -69,10 +69,10 @@ def _sync_peaks(model, main: bool) -> dict:
         before = _kib("VmRSS")
         _reset_peak()
         received = 0
-        with policy_weights(model) as weights:
+        with policy_weights(model, parallel=parallel) as weights:
             if mode == "every_process":
                 received = sum(t.numel() for _, t in weights)
-            elif main:
+            elif parallel.main:
                 received = sum(len(pack_bucket(b)) for b in buckets(weights.unique(), 8 * 2**20))
             else:
                 weights.take_part()
@@ -81,7 +81,7 @@ def _sync_peaks(model, main: bool) -> dict:
     return results
 
 
-def _lora_checks(model, plain) -> dict:
+def _lora_checks(model, plain, parallel) -> dict:
     """What a colocated sync of the sharded peft `model` sends against `plain` (the same model,
     unsharded) merged by peft's merge_and_unload; and the sharded base weights after the unmerge."""
     from grpocli.generation.weights import policy_weights
@@ -89,7 +89,7 @@ def _lora_checks(model, plain) -> dict:
 
     initial = {name: t.clone() for name, t in plain.state_dict().items()}
     expected = plain.merge_and_unload().state_dict()
-    with policy_weights(model) as weights:
+    with policy_weights(model, parallel=parallel) as weights:
         sent = {name: t.clone() for name, t in weights}  # every process walks them: each gathers
     common = sorted(set(sent) & set(expected))
     after = full_state(model, keep=True)
@@ -108,16 +108,17 @@ def main(layers: int, hidden: int, lora: bool = False) -> None:
     import torch.distributed as dist
     from accelerate import Accelerator
 
-    from grpocli.parallel.fsdp2 import shard
+    from grpocli.parallel.fsdp2 import Fsdp2, shard
 
     acc = Accelerator(cpu=True)
+    parallel = Fsdp2(acc)
     model = _model(layers, hidden, lora)
     plain = copy.deepcopy(model) if lora else None  # the unsharded reference for the checks
     model = shard(model, acc)
     whole = sum(p.numel() * 4 for p in model.parameters())
-    results = _sync_peaks(model, acc.is_main_process)
+    results = _sync_peaks(model, parallel)
     if lora:
-        results["lora"] = _lora_checks(model, plain)
+        results["lora"] = _lora_checks(model, plain, parallel)
     line = json.dumps({"rank": acc.process_index, "whole_model_mib": round(whole / 2**20, 1), **results}) + "\n"
     os.write(1, line.encode())  # one write (< PIPE_BUF): the two ranks' lines never interleave
     dist.destroy_process_group()
