@@ -135,7 +135,8 @@ def _accelerate_argv(argv: list[str] | None) -> list[str] | None:
         name = Path(part).name
         if part in ("accelerate.commands.launch", LAUNCHER) or name == "accelerate-launch":
             return argv[i + 1 :]
-        if part == "launch" and i > 0 and Path(argv[i - 1]).name in ("accelerate", "accelerate.commands.accelerate_cli"):
+        before = Path(argv[i - 1]).name if i > 0 else ""
+        if part == "launch" and before in ("accelerate", "accelerate.commands.accelerate_cli"):
             return argv[i + 1 :]
     return None
 

@@ -132,7 +132,8 @@ def _micro_batch(rollouts: Rollouts, advantages: torch.Tensor, seqs: list[Sequen
     laid = build_rows(seqs, layout, pad_id)
     index = torch.tensor(rows, dtype=torch.long)
     return MicroBatch(
-        **{f.name: getattr(laid, f.name) for f in fields(Rows)} | {"loss_mask": _model_tokens(rollouts, rows, laid.loss_mask)},
+        **{f.name: getattr(laid, f.name) for f in fields(Rows) if f.name != "loss_mask"},
+        loss_mask=_model_tokens(rollouts, rows, laid.loss_mask),
         advantages=advantages[index].float(), index=index, sequence_tokens=sum(len(p) + len(c) for _, p, c in seqs),
     )
 

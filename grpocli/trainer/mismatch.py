@@ -43,7 +43,8 @@ def importance_weights(rollouts: Rollouts, micro_batches: tuple[MicroBatch, ...]
         for key in ("tokens", "gap_sum", "ratio_sum"):
             total[key] += sums[key]
         total["gap_max"] = max(total["gap_max"], sums["gap_max"])
-        total["ratio_min"], total["ratio_max"] = min(total["ratio_min"], sums["ratio_min"]), max(total["ratio_max"], sums["ratio_max"])
+        total["ratio_min"] = min(total["ratio_min"], sums["ratio_min"])
+        total["ratio_max"] = max(total["ratio_max"], sums["ratio_max"])
     return tuple(weights), total
 
 

@@ -152,7 +152,8 @@ def _check_loss_combinations(recipe: Recipe) -> None:
     if kl.refused:
         raise UserError(kl.refused, where="algorithm.kl_estimator",
                         valid=", ".join(names(KL_ESTIMATORS, where=lambda e: not e.refused)),
-                        hint="set algorithm.kl_estimator = \"low_var_kl\" (verl's GRPO default) or \"k3\" (TRL, DeepSeekMath)")
+                        hint="set algorithm.kl_estimator = \"low_var_kl\" (verl's GRPO default) "
+                        "or \"k3\" (TRL, DeepSeekMath)")
     if loss.token_level_only and a.importance_sampling_level != "token":
         raise UserError(
             f"loss = {a.loss!r} computes its own sequence-level weight from the token ratios; a sequence-level "
