@@ -18,6 +18,23 @@ def grpo():
     return run_grpo
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` (`gpu2`) run where CUDA shows one (two) GPUs, and skip with the reason elsewhere."""
+    wanted = {"gpu": 1, "gpu2": 2}
+    marked = [(item, n) for item in items for name, n in wanted.items() if item.get_closest_marker(name)]
+    if not marked:
+        return
+    try:
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        have = 0
+    for item, n in marked:
+        if have < n:
+            item.add_marker(pytest.mark.skip(reason=f"needs {n} CUDA GPU{'s' if n > 1 else ''}; this machine has {have}"))
+
+
 @pytest.fixture(autouse=True)
 def torch_threads_restored():
     """A run with train.torch_threads sets torch's thread count for the whole process; later tests
