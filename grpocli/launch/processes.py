@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpocli.errors import UserError
+from grpocli.parallel.strategy import STATUS_DIR
 
 #: Set in the environment of launched processes, so that they train instead of launching again.
 LAUNCHED = "GRPOCLI_LAUNCHED"  # not GRPO_*: those are recipe keys
@@ -55,7 +56,7 @@ def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
     """Run the launcher command (`python -m grpocli.launch.processes ...`) from `grpo train` and
     return its exit code; raise the first worker's UserError instead where one stopped the run."""
     with tempfile.TemporaryDirectory(prefix="grpo-errors-") as errors:
-        code = subprocess.call(cmd, env={**env, TRAIN_PID: str(os.getpid()), ERRORS: errors})
+        code = subprocess.call(cmd, env={**env, TRAIN_PID: str(os.getpid()), ERRORS: errors, STATUS_DIR: errors})
         first = first_error(Path(errors))
     if code and first is not None:
         raise first

@@ -32,7 +32,7 @@ def start(recipe: Recipe, project_dir: Path) -> Parallel:
     from grpocli.parallel.fsdp2 import FSDP2, Fsdp2, sharding_of
 
     t = recipe.train
-    accelerator = Accelerator(**accelerator_options(), mixed_precision=t.mixed_precision,
+    accelerator = Accelerator(**accelerator_options(t.collective_timeout), mixed_precision=t.mixed_precision,
                               log_with=recipe.log.report_to or None, project_dir=str(project_dir))
     sharding = sharding_of(t.sharding, accelerator)
     if accelerator.state.deepspeed_plugin is not None:

@@ -54,22 +54,26 @@ def asked() -> bool:
     return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
 
 
-def accelerator_options() -> dict[str, Any]:
+def accelerator_options(collective_timeout: float) -> dict[str, Any]:
     """Keyword arguments for `Accelerator(...)`: `cpu=True` without CUDA, except under DeepSpeed,
-    which accelerate applies only with `cpu=False` (on CPU: DeepSpeed's CPU accelerator over gloo)."""
+    which accelerate applies only with `cpu=False` (on CPU: DeepSpeed's CPU accelerator over gloo);
+    the process group's timeout (train.collective_timeout seconds) either way."""
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    timeout = timedelta(seconds=collective_timeout)
     if not torch.cuda.is_available():  # where deepspeed is installed, accelerate imports it (unwrap_model),
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # which would warn that it fell back to the CPU
     if not asked():
-        return {"cpu": not torch.cuda.is_available()}
+        return {"cpu": not torch.cuda.is_available(), "kwargs_handlers": [InitProcessGroupKwargs(timeout=timeout)]}
     if importlib.util.find_spec("deepspeed") is None:
         raise UserError("accelerate's config asks for DeepSpeed, which is not installed", where=WHERE,
                         valid="deepspeed installed, or a config without DeepSpeed",
                         hint="pip install deepspeed   (CPU only: DS_BUILD_OPS=0 pip install deepspeed)")
     if torch.cuda.is_available():
-        return {"cpu": False}
-    from accelerate.utils import InitProcessGroupKwargs
-
-    return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
+        return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(timeout=timeout)]}
+    return {"cpu": False, "kwargs_handlers": [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]}
 
 
 class DeepSpeed(Parallel):

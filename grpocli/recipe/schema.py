@@ -222,6 +222,12 @@ class TrainSection(Section):
         1, ge=1, le=1024, description="Data-parallel processes `grpo train` starts (through accelerate). "
         "Under `accelerate launch` its --num_processes decides; config.resolved.toml records the number that ran."
     )
+    collective_timeout: float = Field(
+        1800.0, gt=0.0, le=86400.0, description="Seconds a process waits in a collective (a gradient "
+        "all-reduce, a gather of rewards or metrics, a barrier while the main process writes a checkpoint) for "
+        "the others before the run stops with exit 2, naming the step and what each process was doing (the "
+        "process group's timeout, NCCL's and gloo's alike; torch's own defaults are 10 and 30 minutes).",
+    )
     sharding: Literal["none", "fsdp2"] = Field(
         "none",
         description="How the processes hold the policy: 'none' (DDP: a full copy each) or 'fsdp2' "

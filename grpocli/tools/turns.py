@@ -112,6 +112,15 @@ class TurnLoop:
         """Empty counts with every tool named, so that each process logs the same keys."""
         return TurnStats(by_tool=dict.fromkeys(self.toolbox.tool_names, 0))
 
+    def metrics(self, counts: list[TurnStats | None]) -> dict[str, float]:
+        """tools/* and multi_turn/* over the rollouts of `counts` (a batch's fill rounds included),
+        summed over every process (each names every tool, so that all log the same keys)."""
+        summed = self.new_stats()
+        for c in counts:
+            if c is not None:
+                summed.add(c)
+        return summed.metrics(self.parallel.total)
+
     def sample(self, backend: Any, rows: list[dict[str, Any]], n: int, sampling: Sampling) -> Conversations:
         """n multi-turn rollouts of each row, prompt-major, every live rollout generating at once."""
         envs = [self.toolbox.new_environment() for _ in range(len(rows) * n)]

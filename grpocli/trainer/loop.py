@@ -52,13 +52,7 @@ from grpocli.trainer.metrics import (
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import (
-    Advantages,
-    Rollouts,
-    Scored,
-    flat_groups,
-    keep_informative,
-)
+from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, flat_groups, keep_informative
 from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
@@ -68,12 +62,18 @@ if TYPE_CHECKING:
 
 
 def train(resolved: Resolved) -> None:
-    """Run `grpo train` in this process (one of several under `accelerate launch`)."""
+    """Run `grpo train` in this process (one of several under `accelerate launch`); a collective that
+    waits past train.collective_timeout stops it, saying what each process was doing (`Parallel.stalled`)."""
     s = Session.open(resolved)
     loop = None
     try:
         loop = Loop(s)  # a wrong eval split fails here, before the first step
         loop.run()
+    except RuntimeError as exc:
+        stalled = s.parallel.stalled(exc, resolved.recipe.train.collective_timeout)
+        if stalled is None:
+            raise
+        raise stalled from None
     finally:
         if loop is not None:
             loop.close()
@@ -116,6 +116,10 @@ class Loop:
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
                                        n=r.generation.num_generations)
+
+    def doing(self, what: str, *, done: bool = False) -> None:
+        """Say what this process does now (the next step's phases; `done`: the step just taken)."""
+        self.s.parallel.doing(self.s.state.step + (0 if done else 1), what)
 
     def run(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
@@ -164,6 +168,7 @@ class Loop:
                 counts.append(turns)
             scored = keep_informative(parts, scored.rollouts.num_prompts)
             info["fill_rounds"] = len(parts) - 1
+        self.doing("advantages (every process's rewards gathered)")
         advantages = compute_advantages(s.parallel, scored, r.algorithm, reward_fns=s.reward_fns,   # 4.
                                         max_completion_length=r.generation.max_completion_length)
         s.after_generation(scored)
@@ -171,7 +176,7 @@ class Loop:
         completion_tokens = s.parallel.total(float(rollouts.model_lengths().sum()))  # the model's, as TRL
         prompt_tokens = s.parallel.total(sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
         info.update(logged_metrics(s.parallel, scored.logged_metrics))  # rewards' log_metric
-        info.update(self.turn_metrics(counts))                           # tools/..., multi_turn/...
+        info.update(s.turns.metrics(counts) if s.turns is not None else {})  # tools/..., multi_turn/...
         info.update(getattr(s.backend, "metrics", dict)())               # a server fleet's vllm/...
         return Batch(scored, advantages, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
@@ -183,6 +188,7 @@ class Loop:
         g = r.generation.num_generations
         conversations = None
         if generated is None:
+            self.doing("generation")
             t0 = time.perf_counter()
             if s.turns is not None:  # multi-turn: the whole batch advances turn by turn
                 conversations = s.turns.sample(s.backend, rows, g, self.sampling)
@@ -199,6 +205,7 @@ class Loop:
             conversations=conversations.messages if conversations is not None else None,
             environments=conversations.environments if conversations is not None else None,
         )
+        self.doing("rewards")
         t0 = time.perf_counter()
         scored = self.score(rollouts)
         seconds["time/rewards"] += time.perf_counter() - t0
@@ -222,24 +229,13 @@ class Loop:
                                       op.buffer_length, op.penalty)
         return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
 
-    def turn_metrics(self, counts: list[TurnStats | None]) -> dict[str, float]:
-        """tools/* and multi_turn/* over every rollout sampled for the batch (fill_batch rounds
-        included), summed over processes; {} for single-turn recipes."""
-        s = self.s
-        if s.turns is None:
-            return {}
-        summed = s.turns.new_stats()  # every tool named, so that each process logs the same keys
-        for c in counts:
-            if c is not None:
-                summed.add(c)
-        return summed.metrics(s.parallel.total)
-
     # -- phase 5 -------------------------------------------------------------------------
     def prepare(self, batch: Batch) -> list[Slice]:
         """steps_per_generation optimizer batches, each with the frozen log-probs its loss needs."""
         s, r = self.s, self.s.recipe
         p, policy, temperature = s.parallel, s.policy, self.settings.temperature
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
+        self.doing("frozen log-prob passes (old policy, reference)")
         out = []
         for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
                                                train=r.train, layout=choose_layout(policy),
@@ -266,6 +262,7 @@ class Loop:
     def update(self, sl: Slice) -> dict[str, float]:
         """One optimizer step; its statistics (summed over processes), learning rate and time."""
         s, r = self.s, self.s.recipe
+        self.doing("update (forward and backward passes, gradient all-reduce)")
         t0 = time.perf_counter()
         stats = optimizer_step(s.parallel, s.model, s.optimizer, sl.batch, sl.frozen, self.settings,
                                max_grad_norm=r.train.max_grad_norm)
@@ -277,6 +274,7 @@ class Loop:
 
     def sync(self) -> float:
         """Send the new weights to the generation backend; the seconds it took."""
+        self.doing("weight sync to the generation backend", done=True)
         t0 = time.perf_counter()
         if self.prefetch:
             self.prefetch.drain()  # a sync never overlaps a generation
@@ -302,6 +300,7 @@ class Loop:
         (time and the completion tokens generated, so tokens_per_second is the cycle's throughput)."""
         s, r = self.s, self.s.recipe
         p, step = s.parallel, s.state.step
+        self.doing("metrics (every process's figures gathered)", done=True)
         tokens = max(stats["tokens"], 1.0)
         seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
@@ -332,6 +331,7 @@ class Loop:
         s = self.s
         if self.evaluation is None or not is_due(self.evaluation.every, s.state.step, since=since):
             return
+        self.doing("evaluation", done=True)
         evaluated = self.evaluation.run(s.state.step)
         if s.parallel.main:
             s.metrics.write({"step": s.state.step, **evaluated})
@@ -339,6 +339,7 @@ class Loop:
     def maybe_checkpoint(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
         if is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
+            self.doing("checkpoint (the main process writes, the others wait)", done=True)
             save_checkpoint(
                 s.run, state.step, parallel=s.parallel, model=s.model, tokenizer=s.tokenizer,
                 optimizer=s.optimizer, scheduler=s.scheduler, state=s.checkpoint_state(),

@@ -21,10 +21,18 @@ def test_one_process_without_accelerate_answers_for_itself():
     p.wait()
 
 
-def test_idle_loss_touches_every_trainable_parameter_with_zero_gradient():
-    model = torch.nn.Linear(3, 2)
+def test_idle_loss_is_a_forward_pass_with_zero_gradient():
+    """A process without a micro-batch runs one forward through the prepared model (DDP reduces
+    only after one), whose backward leaves every gradient 0."""
+    from grpocli.models import build_char_tokenizer, build_tiny_model
+    from grpocli.recipe.schema import TinyModel
+
+    model = build_tiny_model(TinyModel(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+                             build_char_tokenizer(), 0)
+    seen = []
+    model.register_forward_hook(lambda *_: seen.append(True))
     Parallel.alone().idle_loss(model).backward()
-    assert all(q.grad is not None and torch.equal(q.grad, torch.zeros_like(q)) for q in model.parameters())
+    assert seen and all(torch.equal(q.grad, torch.zeros_like(q)) for q in model.parameters())
 
 
 def test_start_picks_ddp_or_one_process_and_prepares_the_models(tmp_path):

@@ -36,7 +36,7 @@ def whole(model, parallel) -> list[torch.Tensor]:
 
 def main() -> None:
     precision = sys.argv[1] if len(sys.argv) > 1 else "no"
-    acc = Accelerator(**accelerator_options(), mixed_precision=precision)
+    acc = Accelerator(**accelerator_options(600.0), mixed_precision=precision)
     if acc.state.deepspeed_plugin is not None:
         parallel = DeepSpeed(acc, Recipe(train={"mixed_precision": precision}))
     else:
