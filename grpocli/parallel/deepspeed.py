@@ -138,15 +138,17 @@ class DeepSpeed(Parallel):
         finally:
             self.plugin.set_deepspeed_weakref()
 
-    def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
-        model, reference, opt, scheduler = super().prepare(model, reference, optimizer)
-        return model, self._zero3_reference(reference), opt, scheduler
-
-    def _zero3_reference(self, reference: Any) -> Any:
-        """An in-process reference model under ZeRO-3: partitioned like the policy, in an engine
-        without an optimizer (TRL's `prepare_deepspeed`); each of its forwards is then a collective too."""
-        if self.stage != 3 or not isinstance(reference, torch.nn.Module):
+    def place_reference(self, reference: Any) -> Any:
+        """An in-process reference model: under ZeRO-3 partitioned like the policy, in an engine
+        without an optimizer (TRL's `prepare_deepspeed`), each of its forwards a collective too;
+        under ZeRO-2 on this process's device in the dtype DeepSpeed trains the policy in."""
+        if not isinstance(reference, torch.nn.Module):
             return reference
+        if self.stage != 3:
+            cfg = self.plugin.deepspeed_config
+            dtype = next((d for k, d in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+                          if cfg.get(k, {}).get("enabled") is True), None)
+            return reference.to(device=self.device, dtype=dtype)
         import copy
 
         import deepspeed
@@ -157,6 +159,9 @@ class DeepSpeed(Parallel):
         engine, *_ = deepspeed.initialize(model=reference, config=config)
         engine.eval()
         return engine
+
+    def low_precision_warning(self, model: Any) -> str | None:
+        return None  # DeepSpeed's bf16 / fp16 optimizer keeps float32 master weights
 
     def describe(self, model: Any) -> str:
         """The stage, processes, device, precision and (ZeRO-3) how many parameter tensors are
@@ -202,7 +207,7 @@ class DeepSpeed(Parallel):
     def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
         """Restore the weights and optimizer partitions DeepSpeed saved: exact under the same number
         of processes and ZeRO stage. A RuntimeError for a checkpoint without them."""
-        torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)  # as every strategy: a damaged one fails
+        torch.load(folder / "trainer" / "optimizer.pt", map_location="cpu", weights_only=False)  # a damaged one fails
         zero = folder / "trainer" / ZERO_DIR
         if not (zero / _TAG).is_dir():
             raise RuntimeError(f"{zero}/{_TAG} is missing: the checkpoint was not written under DeepSpeed")

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from grpocli.errors import UserError
-from grpocli.parallel.strategy import Parallel, load_reference
+from grpocli.parallel.strategy import Parallel, keep_logits_dtype, load_reference
 
 FSDP2 = "fsdp2"
 
@@ -55,6 +55,7 @@ class Fsdp2(Parallel):
         if acc.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)
             opt, scheduler = optimizer(model)
             model, opt = acc.prepare(model, opt)
+            keep_logits_dtype(self.unwrap(model), acc)
             mark(model)
         else:  # grpo shards: accelerate applies FSDP on GPUs only, and only from its config
             model = shard(model, acc, self.mixed_precision)
@@ -93,7 +94,7 @@ class Fsdp2(Parallel):
         from grpocli.parallel.adapters import is_peft, load_full_adapter_state
 
         model = self.unwrap(model)
-        optim = torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)
+        optim = torch.load(folder / "trainer" / "optimizer.pt", map_location="cpu", weights_only=False)
         if is_peft(model):  # a LoRA checkpoint: the adapters (a missing file is an OSError)
             from safetensors.torch import load_file
 

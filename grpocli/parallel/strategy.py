@@ -205,21 +205,59 @@ class Parallel:
         norm = self.accelerator.clip_grad_norm_(model.parameters(), bound)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
 
+    def step(self, optimizer: Any, finite: bool) -> None:
+        """The optimizer step after clipping, skipped when the gradient is not `finite`, then
+        zero_grad. Under fp16 the loss scaler steps either way: it skips a non-finite update itself
+        and lowers its scale (skipped here, its record of the unscale stayed, and the next step
+        raised "unscale_() has already been called on this optimizer since the last update()")."""
+        if finite or getattr(self.accelerator, "scaler", None) is not None:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     # -- models ----------------------------------------------------------------------------
     def loading(self) -> Any:
         """Around loading the models (DeepSpeed ZeRO-3: whole, partitioned at `prepare`)."""
         return nullcontext()
 
     def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
-        """(model, reference, optimizer, scheduler), the model wrapped for training;
-        `optimizer(model)` builds the optimizer and its schedule over the parameters to train."""
+        """(model, reference, optimizer, scheduler): the model wrapped for training (under autocast
+        when mixed precision is on, its logits left in the autocast dtype), the reference on this
+        process's device; `optimizer(model)` builds the optimizer and its schedule over the
+        parameters to train."""
         opt, scheduler = optimizer(model)
         model, opt = self.accelerator.prepare(model, opt)
-        return model, reference, opt, scheduler
+        keep_logits_dtype(self.unwrap(model), self.accelerator)
+        return model, self.place_reference(reference), opt, scheduler
+
+    def place_reference(self, reference: Any) -> Any:
+        """An in-process reference model on this process's device (its frozen passes run under
+        `autocast`, as the policy's); None or a reference server's client as they are."""
+        return reference.to(self.device) if isinstance(reference, torch.nn.Module) else reference
+
+    def autocast(self) -> Any:
+        """Around a forward pass outside the prepared model (the reference's): the mixed precision
+        the policy's forward runs under, so both give the same numbers for the same weights."""
+        acc = self.accelerator
+        return acc.autocast() if acc is not None and acc.native_amp else nullcontext()
 
     def describe(self, model: Any) -> str | None:
         """A line on what runs, printed at start (None: nothing worth saying)."""
         return None
+
+    def low_precision_warning(self, model: Any) -> str | None:
+        """A warning when the optimizer updates bf16 / fp16 weights in place, without float32 master
+        weights: AdamW's update is then rounded to the weight's precision (bf16 keeps 8 bits of
+        mantissa), so at learning rates like 1e-6 most updates are lost, silently. None otherwise
+        (DeepSpeed keeps float32 masters of its own)."""
+        low = {str(p.dtype).removeprefix("torch.") for p in self.unwrap(model).parameters()
+               if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)}
+        if not low:
+            return None
+        return (f"the optimizer updates {'/'.join(sorted(low))} weights in place, with no float32 master copy: "
+                "an update below the weight's precision is lost (at lr 1e-6 most of them). Load the model in "
+                "float32 (model.dtype = \"float32\") and compute in bf16 (train.mixed_precision = \"bf16\"): the "
+                "same 16 bytes a trained parameter as bf16 weights with float32 masters; where that does not fit, "
+                "shard it (train.sharding = \"fsdp2\", or DeepSpeed, which keeps float32 masters itself)")
 
     def whole_weights(self, model: Any) -> Any:
         """Around reading every weight of `model` whole (a weight sync): ZeRO-3 gathers its partitions."""
@@ -258,10 +296,12 @@ class Parallel:
         save_reference(folder, reference)
 
     def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
-        """What `save_weights` wrote, into the live model, optimizer and reference."""
+        """What `save_weights` wrote, into the live model, optimizer and reference. The optimizer
+        state is read onto the CPU (every process at once on GPU 0 would not fit) and moved to
+        each parameter's device by the optimizer's own load_state_dict."""
         from grpocli.models.files import load_weights
 
-        optim = torch.load(folder / "trainer" / "optimizer.pt", weights_only=False)
+        optim = torch.load(folder / "trainer" / "optimizer.pt", map_location="cpu", weights_only=False)
         load_weights(self.unwrap(model), folder)
         optimizer.load_state_dict(optim)
         load_reference(folder, reference)
@@ -317,6 +357,24 @@ def _statuses(rank: int) -> list[str]:
     now = time.time()
     return [f"process {d['rank']}: step {d['step']}, {d['doing']} (for {now - d['since']:.0f} s)"
             for d in sorted(found, key=lambda d: d.get("since", 0.0)) if d.get("rank") != rank]
+
+
+def keep_logits_dtype(model: Any, accelerator: Any) -> None:
+    """Undo accelerate's float32 outputs, keep its autocast. Under native mixed precision its
+    `prepare` wraps the model's forward in autocast and then converts every output to float32
+    (`convert_outputs_to_fp32`): a micro-batch's `[r, K, V]` logits in float32, kept for backward
+    (about 20 GB at 8 x 4096 tokens and a 152k vocabulary). grpo's log-prob code upcasts one
+    block at a time itself (grpocli.algorithms.logprobs), so the logits stay in bf16 / fp16."""
+    original = getattr(model, "_original_forward", None)
+    if original is None or not accelerator.native_amp:
+        return
+    from types import MethodType
+
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    autocast = get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)
+    func = getattr(original, "__func__", None)
+    model.forward = MethodType(autocast(func), model) if func is not None else autocast(original)
 
 
 def idle_forward(model: Any) -> torch.Tensor:

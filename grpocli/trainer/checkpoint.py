@@ -111,7 +111,7 @@ def _load_rng(path: Path, rank: int) -> None:
     """This process's saved random state; one saved by fewer processes leaves the others at their seed."""
     rng = path / "trainer" / f"rng-rank{rank}.pt"
     if rng.exists():
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
     else:  # saved by fewer processes than resume it: this one starts from its seed
         _warn(f"{rng} is missing (the run had fewer processes): process {rank} "
               "continues from its seed, not the saved random state", everywhere=True)

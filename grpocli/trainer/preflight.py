@@ -131,6 +131,12 @@ def _check_combinations(recipe: Recipe) -> None:
             "(both choose the next prompts from the last rewards, which async generation has not seen yet)",
             where="generation.async_steps", valid="async_steps = 0, or fill_batch = false and no curriculum",
         )
+    if recipe.model.dtype == "float16" and t.mixed_precision == "fp16":
+        raise UserError(
+            "model.dtype = 'float16' with train.mixed_precision = 'fp16': the loss scaler unscales float32 "
+            "gradients only (torch refuses fp16 ones)", where="model.dtype",
+            valid="float32 weights with fp16 mixed precision, or bf16 (no loss scaler)",
+            hint="model.dtype=float32 (float32 master weights, fp16 compute), or train.mixed_precision=bf16")
     a = recipe.algorithm
     if ADVANTAGES[a.advantage_scale].needs_components and a.reward_combination != "sum":
         summing = names(ADVANTAGES, where=lambda e: not e.needs_components)

@@ -145,9 +145,11 @@ class Session:
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=checked.curriculum, turns=turns,
                 progress=Progress(r.log.progress, r.train.steps, parallel.main))
-        described = parallel.describe(model)
+        described, warning = parallel.describe(model), parallel.low_precision_warning(model)
         if described:
             s.progress.note(described, always=parallel.main)
+        if warning:
+            s.progress.note(f"warning: {warning}", always=parallel.main)
         s._start(resume_from)
         return s
 

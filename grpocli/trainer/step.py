@@ -197,9 +197,7 @@ def optimizer_step(
     t1 = time.perf_counter()
     grad_norm = parallel.clip_grad_norm(model, max_grad_norm)
     skipped = not math.isfinite(grad_norm)
-    if not skipped:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    parallel.step(optimizer, finite=not skipped)
     timings = {"time/forward_backward": t1 - t0, "time/optimizer": time.perf_counter() - t1}
     summed = parallel.sums([totals[k] for k in STAT_KEYS])
     return {**dict(zip(STAT_KEYS, summed)), "grad_norm": grad_norm, "skipped": float(skipped),
@@ -241,10 +239,11 @@ def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBa
     """The log-probs `[n, T]` of each micro-batch under `model` (the policy before it moves, or the
     reference), on the CPU; where each forward is a collective, idle passes keep the processes in step."""
     out = []
-    for mb in parallel.forward_passes(list(micro_batches)):
-        if mb is None:  # this process has fewer micro-batches than another
-            idle_forward(model)
-            continue
-        logp, _ = sequence_logprobs(model, mb, temperature)
-        out.append(logp.detach().cpu())
+    with parallel.autocast():  # the policy's mixed precision (a reference's forward has none of its own)
+        for mb in parallel.forward_passes(list(micro_batches)):
+            if mb is None:  # this process has fewer micro-batches than another
+                idle_forward(model)
+                continue
+            logp, _ = sequence_logprobs(model, mb, temperature)
+            out.append(logp.detach().cpu())
     return tuple(out)
