@@ -139,13 +139,13 @@ class Parallel:
                                          reduction="sum")
         return float(summed.item())
 
-    def sums(self, values: list[float]) -> list[float]:
-        """Each of `values` summed over every process (one all-reduce)."""
+    def sums(self, values: list[float] | torch.Tensor) -> list[float]:
+        """Each of `values` (a list, or a 1-D tensor on this process's device) summed over every
+        process (one all-reduce)."""
+        tensor = torch.as_tensor(values, dtype=torch.float64, device=self.device)
         if self.size == 1:
-            return [float(v) for v in values]
-        summed = self.accelerator.reduce(torch.tensor(values, dtype=torch.float64, device=self.device),
-                                         reduction="sum")
-        return summed.tolist()
+            return tensor.tolist()
+        return self.accelerator.reduce(tensor, reduction="sum").tolist()
 
     def fewest(self, count: int) -> int:
         """The smallest `count` of any process (so that every process takes the same decision)."""

@@ -31,7 +31,7 @@ def importance_weights(rollouts: Rollouts, micro_batches: tuple[MicroBatch, ...]
     total = {"tokens": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "ratio_sum": 0.0,
              "ratio_min": float("inf"), "ratio_max": 0.0}
     weights = []
-    for mb, old in zip(micro_batches, old_logp, strict=True):
+    for mb, old in zip(micro_batches, (lp.cpu() for lp in old_logp), strict=True):
         engine = torch.zeros_like(mb.loss_mask)  # [n, T] completion token t in column t
         for row, i in enumerate(mb.index.tolist()):
             values = rollouts.engine_logprobs[i][: engine.shape[1]]

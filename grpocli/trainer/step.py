@@ -107,8 +107,9 @@ Forward = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 def micro_batch_loss(
     model: Any, mb: MicroBatch, frozen: tuple[torch.Tensor | None, ...], s: LossSettings, norm: LossNorm,
     forward: Forward = sequence_logprobs,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the batch loss, and masked sums for the metrics; `frozen` is its
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This micro-batch's share of the batch loss, and masked sums for the metrics (`[7]` float64,
+    STAT_KEYS' order, on the model's device: no host sync per micro-batch); `frozen` is its
     (old_logp, ref_logp, is_weight) (`Frozen.of`)."""
     old_logp, ref_logp, is_weight = frozen
     # 1. log-probs (and entropy) under the current policy           # [n, T]
@@ -146,15 +147,13 @@ def micro_batch_loss(
     if s.entropy_coef > 0:
         loss = loss - s.entropy_coef * (entropy * kept).sum() / max(norm.num_tokens, 1)
     with torch.no_grad():
-        stats = {
-            "tokens": float(mask.sum()),
-            "kl": float((kl * mask).sum()) if kl is not None else 0.0,
-            "entropy": float((entropy * mask).sum()) if entropy is not None else 0.0,
-            "clip_low": float((low.float() * mask).sum()),
-            "clip_high": float((high.float() * mask).sum()),
-            "clip_region": float(((low | high).float() * mask).sum()),
-            "loss": float(loss.detach()),
-        }
+        none = mask.new_zeros(())
+        stats = torch.stack([                                       # [7] STAT_KEYS
+            mask.sum(), (kl * mask).sum() if kl is not None else none,
+            (entropy * mask).sum() if entropy is not None else none,
+            (low.float() * mask).sum(), (high.float() * mask).sum(), ((low | high).float() * mask).sum(),
+            loss.detach().to(mask.dtype),
+        ]).double()
     return loss, stats
 
 
@@ -170,10 +169,9 @@ def optimizer_step(
     """
     # 1. global counts: every aggregation divides by the whole batch, all processes together
     counts = global_counts(parallel, batch)
-    totals = dict.fromkeys(STAT_KEYS, 0.0)
     packing = packing_stats(counts)
     if counts["computed"] == 0:  # nothing can move the weights: every group was flat, everywhere
-        return {"skipped": 1.0, **totals, "grad_norm": 0.0, **packing}
+        return {"skipped": 1.0, **dict.fromkeys(STAT_KEYS, 0.0), "grad_norm": 0.0, **packing}
     norm = LossNorm(
         num_sequences=int(counts["sequences"]), num_tokens=max(int(counts["tokens"]), 1),
         max_completion_length=s.max_completion_length, num_micro_batches=max(int(counts["micro_batches"]), 1),
@@ -181,17 +179,17 @@ def optimizer_step(
     )
     # 2. forward + backward per micro-batch; a process with fewer (or none) still joins each reduction
     t0 = time.perf_counter()
+    totals = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=parallel.device)  # [7] STAT_KEYS
     passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
     for k, mb in enumerate(passes):
         last = k == len(passes) - 1
         with parallel.accumulating(model, last):  # DDP: reduce at the last; DeepSpeed: step after it
             if mb is None:
-                loss, stats = parallel.idle_loss(model), {}
+                loss = parallel.idle_loss(model)
             else:
                 loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
+                totals += stats.to(totals.device)
             parallel.accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
-        for key, value in stats.items():
-            totals[key] += value
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
     #    which skips a non-finite update itself; clipping and step only report and do nothing)
     t1 = time.perf_counter()
@@ -199,7 +197,7 @@ def optimizer_step(
     skipped = not math.isfinite(grad_norm)
     parallel.step(optimizer, finite=not skipped)
     timings = {"time/forward_backward": t1 - t0, "time/optimizer": time.perf_counter() - t1}
-    summed = parallel.sums([totals[k] for k in STAT_KEYS])
+    summed = parallel.sums(totals)  # the one host sync of the step's figures
     return {**dict(zip(STAT_KEYS, summed)), "grad_norm": grad_norm, "skipped": float(skipped),
             **packing, **timings}
 
@@ -237,7 +235,7 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBatch, ...],
                     temperature: float) -> tuple[torch.Tensor, ...]:
     """The log-probs `[n, T]` of each micro-batch under `model` (the policy before it moves, or the
-    reference), on the CPU; where each forward is a collective, idle passes keep the processes in step."""
+    reference), on its device; where each forward is a collective, idle passes keep the processes in step."""
     out = []
     with parallel.autocast():  # the policy's mixed precision (a reference's forward has none of its own)
         for mb in parallel.forward_passes(list(micro_batches)):
@@ -245,5 +243,5 @@ def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBa
                 idle_forward(model)
                 continue
             logp, _ = sequence_logprobs(model, mb, temperature)
-            out.append(logp.detach().cpu())
+            out.append(logp.detach())  # on the model's device: the loss reads it there
     return tuple(out)
