@@ -150,6 +150,10 @@ class Session:
             s.progress.note(described, always=parallel.main)
         if warning:
             s.progress.note(f"warning: {warning}", always=parallel.main)
+        if backend.lockstep:  # generating with the sharded policy itself
+            s.progress.note("warning: generation.backend = \"hf\" on a sharded policy gathers every layer's "
+                            "parameters for every token it generates (slow on GPUs); generation.backend = \"vllm\" "
+                            "or \"vllm-server\" generates from a whole copy", always=parallel.main)
         s._start(resume_from)
         return s
 

@@ -25,6 +25,7 @@ def _train(out: Path, *extra: str) -> list[dict]:
     result = run_grpo("train", "quickstart", *SETTINGS, *extra, f"train.output_dir={out}",
                       env={"OMP_NUM_THREADS": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    (out / "stderr.log").write_text(result.stderr)
     return RunDir(out).read_metrics()
 
 
@@ -48,6 +49,9 @@ def test_fsdp2_metrics_match_ddp(runs):
     assert any(m["grad_norm"] > 0 for m in runs["fsdp2"])  # it trained
     resolved = (runs["root"] / "fsdp2" / "config.resolved.toml").read_text()
     assert 'sharding = "fsdp2"' in resolved and "num_processes = 2" in resolved
+    for run, sharded in (("fsdp2", True), ("ddp", False)):  # generating with the sharded policy is said to be slow
+        said = (runs["root"] / run / "stderr.log").read_text().count("gathers every layer's parameters")
+        assert said == (1 if sharded else 0), run
 
 
 @pytest.mark.slow
