@@ -83,7 +83,8 @@ def lora_terms(model: Any) -> dict[str, LoraTerm]:
         if not isinstance(module, BaseTunerLayer):
             continue
         if type(module) is not Linear:
-            raise Uncovered(f"{name} is a {type(module).__name__} adapter layer (only LoRA's Linear is added out of place)")
+            raise Uncovered(f"{name} is a {type(module).__name__} adapter layer "
+                            "(only LoRA's Linear is added out of place)")
         if isinstance(module.base_layer, BaseTunerLayer):
             raise Uncovered(f"{name}: an adapter layer around another adapter layer")
         why = _uncovered_linear(module, uses)

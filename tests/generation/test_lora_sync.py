@@ -84,7 +84,8 @@ def test_fifty_lora_syncs_leave_the_base_weights_bit_identical(adapter_dtype):
 
 def _adapted(state: dict[str, torch.Tensor]) -> set[str]:
     """The checkpoint names of the weights that carry an adapter (``...q_proj.weight``)."""
-    return {n.removeprefix("base_model.model.").replace(".base_layer", "") for n in state if n.endswith(".base_layer.weight")}
+    return {n.removeprefix("base_model.model.").replace(".base_layer", "")
+            for n in state if n.endswith(".base_layer.weight")}
 
 
 def _base(state: dict[str, torch.Tensor], name: str) -> torch.Tensor:
