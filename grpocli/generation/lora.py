@@ -53,11 +53,14 @@ class LoraTerm:
         """``weight + scaling * (B @ A)`` as a new tensor of ``dtype``; ``weight`` (whole) is only read.
 
         Computed in float32 (or ``weight``'s dtype where that is wider) and cast to ``dtype`` once,
-        so the sent weight is the nearest ``dtype`` value to what the training forward computes
-        (``base(x) + scaling * B(A(x))``, where ``W`` is never rounded together with the product).
-        peft's merge rounds the product to the adapter's dtype first and the sum to ``W``'s dtype
-        (then a second cast to an engine's dtype): results differ by at most one unit in the last
-        place of ``dtype``. The price is one float32 copy of ``W`` at a time.
+        so the sent weight is the float32 sum rounded once: as close as ``dtype`` gets to what the
+        training forward computes (``base(x) + scaling * B(A(x))``, where ``W`` and the product are
+        never added and rounded together). peft's merge rounds the product to the adapters' dtype
+        first, then the sum to ``W``'s dtype (then a second cast to an engine's dtype). With float32
+        adapters (peft's default for a bf16 base) the two differ by at most one unit in the last
+        place of ``dtype``; with bf16 adapters also by peft's rounding of the product, up to
+        ``2**-8 * |product|`` (tests/generation/test_lora_sync.py measures both). The price is one
+        float32 copy of ``W`` at a time.
         """
         a, b = self.whole(whole)
         wide = torch.promote_types(weight.dtype, torch.float32)
