@@ -1,8 +1,10 @@
 """Weights on their way from the trainer to a vLLM engine: names, spec, buckets, wire formats.
 
 Follows TRL's weight sync (``GRPOTrainer._move_model_to_vllm``: merge LoRA adapters, clean peft
-names, send, unmerge) with two changes: tensors travel in buckets of up to ``max_bytes`` (TRL
-makes one HTTP call and one broadcast per tensor), and the spec (names, shapes, dtypes) is checked
+names, send, unmerge) with three changes: LoRA adapters are added to their base weights out of
+place as each tensor is sent (grpocli.generation.lora; peft's in-place merge and unmerge rounds the
+frozen bf16 base a little each sync), tensors travel in buckets of up to ``max_bytes`` (TRL makes
+one HTTP call and one broadcast per tensor), and the spec (names, shapes, dtypes) is checked
 against the engine's checkpoint before the first update, so a wrong model fails with a list of
 differences instead of a hang or garbage.
 
@@ -15,7 +17,8 @@ group in the trainer is untouched), as vLLM's ``StatelessProcessGroup`` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +27,7 @@ from typing import Any
 
 import torch
 
+from grpocli.generation.lora import LoraTerm, Uncovered, lora_terms
 from grpocli.parallel import Parallel
 
 #: Bucket size unless the caller picks one (verl and open-instruct use 0.5-1 GiB buckets).
@@ -79,79 +83,152 @@ class PolicyWeights:
     iteration still yields them, because vLLM's CPU backend refreshes a tied lm_head only when it
     is loaded too (a receiver repeats the tensor under its alias).
 
+    A peft model's adapter tensors are left out and its names cleaned (TRL's naming: the base
+    model's names; ``modules_to_save`` copies under the module's own name, ``original_module``
+    left out). ``entries`` holds each tensor as the model holds it, so a LoRA base weight there
+    is ``W`` alone; ``terms`` (clean name -> `LoraTerm`) holds the adapters that iteration adds
+    to it as it is reached (``W + scaling * B @ A``, a new tensor: the model is never written),
+    and `state()` gives the sums as this process holds its tensors (the in-process reference mix).
+
     The parallel strategy makes each tensor whole (`Parallel.whole_tensor`). An FSDP2 policy
     (grpocli.parallel.fsdp2) holds DTensor shards: iteration gathers each whole tensor when it is
-    reached (a collective), so every process must walk the same tensors in the same order: all of
-    them iterate (a colocated engine each), or one sends while the others call `take_part()`. No
-    process holds more than one whole tensor beyond what the receiver keeps (a bucket on its way,
-    the engine's own weights).
+    reached (a collective; for a LoRA base weight W, then A, then B), so every process must walk
+    the same tensors in the same order: all of them iterate (a colocated engine each), or one
+    sends while the others call `take_part()`. No process holds more than one whole tensor beyond
+    what the receiver keeps (a bucket on its way, the engine's own weights).
     """
 
-    def __init__(self, model: Any, peft: bool, dtype: torch.dtype | None, parallel: Parallel) -> None:
+    def __init__(self, model: Any, peft: bool, dtype: torch.dtype | None, parallel: Parallel,
+                 terms: dict[str, LoraTerm] | None = None) -> None:
+        """``terms``: `lora_terms(model)` (state-dict name -> adapter), added to those weights when
+        they are sent; None or {} sends every tensor as the model holds it."""
         self.dtype, self.parallel = dtype, parallel
         self.entries: list[Named] = []
         self.aliases: dict[str, str] = {}
+        self.terms: dict[str, LoraTerm] = {}
         first: dict[tuple[int, tuple[int, ...]], str] = {}
+        terms = terms or {}
         prefix = getattr(model, "prefix", "lora_")  # peft's adapter parameter prefix
-        for name, tensor in model.state_dict().items():
+        reached = 0
+        for key, tensor in model.state_dict().items():
+            reached += key in terms
+            name = key
             if peft:  # TRL's name cleaning for merged adapters
                 if prefix in name or "original_module" in name:
                     continue
                 name = name.removeprefix("base_model.model.").replace(".base_layer", "")
                 name = name.replace("modules_to_save.default.", "")
+            if key in terms:
+                self.terms[name] = terms[key]
             local = parallel.local_tensor(tensor)  # FSDP2: this process's shard
-            key = (local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size(),
-                   tuple(tensor.shape))
-            if key in first:
-                self.aliases[name] = first[key]
+            at = (local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size(),
+                  tuple(tensor.shape))
+            if at in first:
+                self.aliases[name] = first[at]
             else:
-                first[key] = name
+                first[at] = name
             self.entries.append((name, tensor.detach()))
+        if reached != len(terms):  # a peft layout lora_terms misread: never send W without its adapter
+            raise ValueError(f"{len(terms) - reached} LoRA base weights are not in the model's state dict")
 
-    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = self.parallel.whole_tensor(tensor)  # FSDP2: gathered now, by every process
-        return tensor.to(self.dtype) if self.dtype is not None and tensor.is_floating_point() else tensor
+    def _sent_dtype(self, tensor: torch.Tensor) -> torch.dtype:
+        return self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+    def _whole(self, name: str, tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        """``tensor`` whole (FSDP2: gathered now, by every process), its adapter added (A and B
+        gathered after it), in ``dtype`` (None: the sent dtype)."""
+        tensor = self.parallel.whole_tensor(tensor)
+        dtype = dtype or self._sent_dtype(tensor)
+        term = self.terms.get(name)
+        if term is not None:
+            return term.merged(tensor, dtype, self.parallel.whole_tensor)
+        return tensor.to(dtype)
 
     def take_part(self) -> None:
         """On the processes that do not send: join the gathers of `unique()` (FSDP2; else nothing happens)."""
         for name, tensor in self.entries:
             if name not in self.aliases:
                 self.parallel.whole_tensor(tensor)  # dropped at once
+                if name in self.terms:
+                    self.terms[name].whole(self.parallel.whole_tensor)  # A, then B, as `_whole` gathers them
 
     def specs(self) -> list[TensorSpec]:
         """What a checkpoint of this policy holds (no aliases), in the dtype that is sent."""
-        def sent(t: torch.Tensor) -> torch.dtype:
-            return self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
-
-        return [TensorSpec(name, tuple(t.shape), dtype_name(sent(t)))
+        return [TensorSpec(name, tuple(t.shape), dtype_name(self._sent_dtype(t)))
                 for name, t in self.entries if name not in self.aliases]
 
     def __iter__(self) -> Iterator[Named]:
         """Every tensor, aliases included (what vLLM's reload_weights takes in this process)."""
         for name, tensor in self.entries:
-            yield name, self._cast(tensor)
+            yield name, self._whole(name, tensor, None)
 
     def unique(self) -> Iterator[Named]:
         """Every tensor once (what travels; the receiver repeats each under its aliases)."""
         for name, tensor in self.entries:
             if name not in self.aliases:
-                yield name, self._cast(tensor)
+                yield name, self._whole(name, tensor, None)
+
+    def state(self) -> Mapping[str, torch.Tensor]:
+        """Every tensor under its name as this process holds it (FSDP2: its shard, a DTensor), in
+        the model's dtype, adapters added: what grpocli.reference.mixing's ``mix_state`` takes.
+
+        A LoRA base weight's sum is computed when it is looked up (FSDP2: W, A and B gathered,
+        the sum cut back to this process's shard), and dropped by the caller after use: every
+        process must look up the same names in the same order (``mix_state`` walks the
+        reference's state dict)."""
+        return _HeldState(self)
+
+
+class _HeldState(Mapping):
+    """`PolicyWeights.state()`: a mapping whose LoRA base weights are summed when looked up."""
+
+    def __init__(self, weights: PolicyWeights) -> None:
+        self.weights, self.held = weights, dict(weights.entries)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor, parallel = self.held[name], self.weights.parallel
+        if name not in self.weights.terms:
+            return tensor
+        return parallel.shard_like(self.weights._whole(name, tensor, tensor.dtype), tensor)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.held)
+
+    def __len__(self) -> int:
+        return len(self.held)
 
 
 @contextmanager
 def policy_weights(model: Any, dtype: torch.dtype | None = None,
                    parallel: Parallel | None = None) -> Iterator[PolicyWeights]:
-    """The policy's weights (PolicyWeights), with LoRA adapters merged in while this is open, whole
-    as the parallel strategy makes them (DeepSpeed ZeRO-3 gathers its partitions; default: one process)."""
+    """The policy's weights (PolicyWeights), whole as the parallel strategy makes them (DeepSpeed
+    ZeRO-3 gathers its partitions while this is open; default: one process).
+
+    A peft LoRA model's adapters are added out of place as each base weight is reached
+    (grpocli.generation.lora): its base weights stay bit for bit as they were. A peft model that
+    path does not cover (DoRA, embedding or conv LoRA, several active adapters, other tuners; the
+    list in grpocli.generation.lora) falls back to peft's ``merge_adapter`` while this is open and
+    ``unmerge_adapter`` after, with a warning naming the layer: its base weights then round a
+    little each sync (in bf16), as TRL's sync does."""
     peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
     parallel = parallel or Parallel.alone()
     with parallel.whole_weights(model):
+        terms: dict[str, LoraTerm] = {}
+        in_place = False
         if peft:
+            try:
+                terms = lora_terms(model)
+            except Uncovered as why:
+                warnings.warn(f"weight sync: {why}; the adapters are merged into the base weights in place and "
+                              "unmerged after (peft's merge_adapter), which rounds the base weights a little "
+                              "each sync", stacklevel=3)
+                in_place = True
+        if in_place:
             model.merge_adapter()
         try:
-            yield PolicyWeights(model, peft, dtype, parallel)
+            yield PolicyWeights(model, peft, dtype, parallel, terms)
         finally:
-            if peft:
+            if in_place:
                 model.unmerge_adapter()
 
 

@@ -50,6 +50,14 @@ class Fsdp2(Parallel):
     def local_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if is_shard(tensor) else tensor
 
+    def shard_like(self, whole: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        if not is_shard(held):
+            return whole
+        from torch.distributed.tensor import distribute_tensor
+
+        # src_data_rank None: each process cuts its own shard out of its whole copy, nothing is sent
+        return distribute_tensor(whole.to(held.device), held.device_mesh, held.placements, src_data_rank=None)
+
     def prepare(self, model: Any, reference: Any, optimizer: Callable[[Any], tuple[Any, Any]]) -> tuple[Any, ...]:
         acc = self.accelerator
         if acc.is_fsdp2:  # accelerate's FSDP2 plugin (a GPU launch whose config selects it)

@@ -272,6 +272,11 @@ class Parallel:
         """The part of a state-dict tensor this process holds (FSDP2: its shard); here all of it."""
         return tensor
 
+    def shard_like(self, whole: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+        """``whole`` (a whole tensor of ``held``'s shape) laid out as this process holds ``held``
+        (FSDP2: its shard of it, a DTensor like ``held``; no collective); here as it is."""
+        return whole
+
     # -- checkpoints -----------------------------------------------------------------------
     def check_replicas(self, model: Any) -> None:
         """DDP: every process must hold the same weights; a cheap fingerprint checks it."""

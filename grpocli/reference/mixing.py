@@ -8,6 +8,7 @@ A tied lm_head (the same tensor as embed_tokens) is mixed once, as TRL's loop ov
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -31,9 +32,11 @@ def mix_tensor(target: torch.Tensor, policy: torch.Tensor, alpha: float) -> None
 
 
 @torch.no_grad()
-def mix_state(reference: Any, policy: dict[str, torch.Tensor], alpha: float) -> None:
-    """Mix ``policy`` (a state dict under the reference's names) into a live reference model, each
-    tensor once: tied ones are the same object in ``state_dict(keep_vars=True)`` (sharded or not)."""
+def mix_state(reference: Any, policy: Mapping[str, torch.Tensor], alpha: float) -> None:
+    """Mix ``policy`` (a state dict under the reference's names, or `PolicyWeights.state()`, which
+    computes a LoRA sum as it is looked up) into a live reference model, each tensor once, looked up
+    in the reference's state-dict order: tied ones are the same object in ``state_dict(keep_vars=True)``
+    (sharded or not)."""
     seen: set[int] = set()
     for name, tensor in reference.state_dict(keep_vars=True).items():
         if id(tensor) in seen:

@@ -289,9 +289,9 @@ class Loop:
             return
         if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
             s.reference.refresh(s.policy, a.ref_sync_alpha)
-        else:  # LoRA: adapters merged, peft names cleaned; FSDP2: shards
+        else:  # LoRA: adapters added (each sum computed as the mix reaches it), peft names cleaned; FSDP2: shards
             with policy_weights(s.policy, parallel=s.parallel) as weights:
-                mix_state(s.reference, dict(weights.entries), a.ref_sync_alpha)
+                mix_state(s.reference, weights.state(), a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
     def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,

@@ -7,12 +7,16 @@ Prints one JSON line per process and sync: the growth of its peak RSS over its R
 sync (Linux: /proc/self/clear_refs resets the peak), and the model's whole size.
 
 With `lora` the model is a peft LoRA model (r 8 on every linear layer, lora_B drawn at random so
-that merging changes the weights) before it is sharded: `policy_weights` merges the adapters into
-the DTensor shards (peft's merge_adapter), and the line also holds what a third sync sent,
-compared with `merge_and_unload()` of the same model unsharded (`merged_max_diff`, over the
-names in both; `names_differ`: names in one only), how far the merge moves the weights
-(`merge_moves`), and how far the sharded base weights are from the unsharded ones after the
-unmerge (`unmerge_drift`: peft's W + d - d, rounding only).
+that merging changes the weights) before it is sharded: `policy_weights` adds each adapter to its
+base weight out of place as the sync reaches it (W, A and B gathered one after another; nothing is
+written into the shards), and the line also holds what a third sync sent, compared with
+`merge_and_unload()` of the same model unsharded (`merged_max_diff`, over the names in both;
+`names_differ`: names in one only), how far the adapters move the weights (`merge_moves`), how far
+the sharded model's tensors (base and adapters) are from the unsharded ones after the syncs
+(`base_drift`: exactly 0, since no sync writes into the model; peft's merge and unmerge left
+W + d - d, rounding, before), whether any layer reports itself merged (`still_merged`), and what
+the in-process reference refresh makes of a sharded plain copy of the base (`PolicyWeights.state()`
+mixed in with alpha 1, as trainer/loop.py does), against the same merged model (`reference_mix_max_diff`).
 """
 
 from __future__ import annotations
@@ -81,16 +85,21 @@ def _sync_peaks(model, parallel) -> dict:
     return results
 
 
-def _lora_checks(model, plain, parallel) -> dict:
+def _lora_checks(model, plain, parallel, reference) -> dict:
     """What a colocated sync of the sharded peft `model` sends against `plain` (the same model,
-    unsharded) merged by peft's merge_and_unload; and the sharded base weights after the unmerge."""
+    unsharded) merged by peft's merge_and_unload; the sharded tensors after the syncs; and the sharded
+    plain `reference` after a refresh with alpha 1 (it must become the merged model)."""
     from grpocli.generation.weights import policy_weights
     from grpocli.parallel.fsdp2 import full_state
+    from grpocli.reference.mixing import mix_state
 
     initial = {name: t.clone() for name, t in plain.state_dict().items()}
     expected = plain.merge_and_unload().state_dict()
     with policy_weights(model, parallel=parallel) as weights:
         sent = {name: t.clone() for name, t in weights}  # every process walks them: each gathers
+    with policy_weights(model, parallel=parallel) as weights:
+        mix_state(reference, weights.state(), 1.0)  # every process looks up the same names in the same order
+    mixed = full_state(reference, keep=True)
     common = sorted(set(sent) & set(expected))
     after = full_state(model, keep=True)
     base = [n for n in initial if "lora_" not in n]
@@ -99,8 +108,9 @@ def _lora_checks(model, plain, parallel) -> dict:
         "names_differ": sorted(set(sent) ^ set(expected)),
         "merged_max_diff": max((sent[n] - expected[n]).abs().max().item() for n in common),
         "merge_moves": max((expected[clean[n]] - initial[n]).abs().max().item() for n in base),
-        "unmerge_drift": max((after[n] - initial[n]).abs().max().item() for n in initial),
+        "base_drift": max((after[n] - initial[n]).abs().max().item() for n in initial),
         "still_merged": any(getattr(m, "merged", False) for m in model.modules()),
+        "reference_mix_max_diff": max((mixed[n] - expected[n]).abs().max().item() for n in mixed),
     }
 
 
@@ -113,12 +123,12 @@ def main(layers: int, hidden: int, lora: bool = False) -> None:
     acc = Accelerator(cpu=True)
     parallel = Fsdp2(acc)
     model = _model(layers, hidden, lora)
-    plain = copy.deepcopy(model) if lora else None  # the unsharded reference for the checks
+    plain = copy.deepcopy(model) if lora else None  # the unsharded model for the checks
     model = shard(model, acc)
     whole = sum(p.numel() * 4 for p in model.parameters())
     results = _sync_peaks(model, parallel)
-    if lora:
-        results["lora"] = _lora_checks(model, plain, parallel)
+    if lora:  # an in-process reference: the plain base model (same seed), sharded as prepare shards it
+        results["lora"] = _lora_checks(model, plain, parallel, shard(_model(layers, hidden, False), acc))
     line = json.dumps({"rank": acc.process_index, "whole_model_mib": round(whole / 2**20, 1), **results}) + "\n"
     os.write(1, line.encode())  # one write (< PIPE_BUF): the two ranks' lines never interleave
     dist.destroy_process_group()
