@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from grpocli.algorithms.packing import Rows, model_attention_mask
+from grpocli.algorithms.packing import Rows, attention_implementation, model_attention_mask
 
 #: Token positions per block; one float32 block holds `chunk_tokens * vocab_size * 4` bytes.
 DEFAULT_CHUNK_TOKENS = 1024
@@ -126,10 +126,15 @@ def sequence_logprobs(
     = `rows.logit_index`), so the vocabulary projection skips prompt positions."""
     device = next(model.parameters()).device
     mask = model_attention_mask(model, rows.attention_mask)
+    varlen = {}
+    if rows.cu_seqlens is not None and "flash" in (attention_implementation(model) or ""):
+        cu = rows.cu_seqlens.to(device)  # packed rows: flash-attention's boundaries, not re-derived per layer
+        varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": rows.max_seqlen,
+                  "max_length_k": rows.max_seqlen}
     logits = model(
         input_ids=rows.input_ids.to(device), position_ids=rows.position_ids.to(device),
         attention_mask=mask.to(device) if mask is not None else None,
-        logits_to_keep=rows.logit_index.to(device), use_cache=False,
+        logits_to_keep=rows.logit_index.to(device), use_cache=False, **varlen,
     ).logits                                                       # [r, K, V] in the model's dtype
     index = rows.token_index.to(device)                            # [n, T] into the r*K scored tokens
     real = rows.loss_mask.to(device) > 0                           # [n, T]

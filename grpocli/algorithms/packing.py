@@ -27,6 +27,7 @@ fed to the model at all.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,8 @@ class Rows:
     labels: torch.Tensor                  # [r, K] the token scored at each of them
     token_index: torch.Tensor             # [n, T] token t of sequence i is labels.flatten()[token_index[i, t]]
     loss_mask: torch.Tensor               # [n, T] 1.0 on real completion tokens
+    cu_seqlens: torch.Tensor | None = None  # [S+1] packed: where each sequence starts in the row (flash-attention's)
+    max_seqlen: int = 0                     # packed: the longest of them
 
 
 def attention_implementation(model: Any) -> str | None:
@@ -142,10 +145,13 @@ def pack_row(sequences: list[Sequence], share_prompts: bool) -> Rows:
         last_group = group
     token_index, loss_mask = _token_index([(first, length) for first, length in spans])
     mask = _tree_mask(torch.tensor(segment), torch.tensor(branch)) if share_prompts else None
+    lengths = [] if share_prompts else [int(c) for c in torch.bincount(torch.tensor(segment)) if c]  # per sequence
     return Rows(
         input_ids=torch.tensor([ids], dtype=torch.long), position_ids=torch.tensor([positions], dtype=torch.long),
         attention_mask=mask, logit_index=torch.tensor(scored_at, dtype=torch.long),
         labels=torch.tensor([labels], dtype=torch.long), token_index=token_index, loss_mask=loss_mask,
+        cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32) if lengths else None,
+        max_seqlen=max(lengths, default=0),
     )
 
 

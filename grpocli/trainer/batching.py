@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from grpocli.recipe.schema import TrainSection
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MicroBatch(Rows):
     """The rows of n sequences (grpocli.algorithms.packing.Rows; `loss_mask` here leaves tool turns
     out) and what the loss needs of them; per-sequence tensors are over completion tokens `[n, T]`."""

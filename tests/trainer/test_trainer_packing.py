@@ -78,6 +78,8 @@ def test_pack_row_layout_by_hand():
     assert plain.input_ids.tolist() == [[10, 11, 20, 10, 11, 30, 12]]
     assert plain.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 0]]
     assert plain.attention_mask is None and plain.logit_index.tolist() == [1, 2, 4, 5, 6]
+    assert plain.cu_seqlens.tolist() == [0, 3, 6, 7] and plain.max_seqlen == 3  # flash-attention's varlen bounds
+    assert shared.cu_seqlens is None
     padded = pad_rows(seqs)
     assert padded.input_ids.tolist() == [[10, 11, 20], [10, 11, 30], [12, 0, 0]]
     assert padded.attention_mask.tolist() == [[1, 1, 1], [1, 1, 1], [1, 0, 0]]
