@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpocli.errors import UserError
-from grpocli.parallel.strategy import STATUS_DIR
+from grpocli.parallel.status import STATUS_DIR
 
 #: Set in the environment of launched processes, so that they train instead of launching again.
 LAUNCHED = "GRPOCLI_LAUNCHED"  # not GRPO_*: those are recipe keys

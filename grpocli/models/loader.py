@@ -87,8 +87,10 @@ def load_policy(model: ModelSection, seed: int, *, device: Any = None) -> PreTra
     """The trainable policy: base weights, gradient checkpointing and LoRA adapters if asked.
 
     With LoRA the result is a peft ``PeftModel`` whose only trainable parameters are the adapters.
+    A CUDA `device` loads the weights straight onto it (never whole in host memory: every process
+    of a node loads its own copy); other devices load on the host and move there.
     """
-    policy = _load_base(model, seed)
+    policy = _load_base(model, seed, device)
     if model.gradient_checkpointing:
         # Non-reentrant checkpointing needs no enable_input_require_grads with frozen inputs (LoRA).
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -99,15 +101,17 @@ def load_policy(model: ModelSection, seed: int, *, device: Any = None) -> PreTra
 
 
 def load_reference(model: ModelSection, seed: int, *, device: Any = None) -> PreTrainedModel:
-    """A frozen copy of the initial base weights (eval mode, requires_grad False), for the KL."""
-    reference = _load_base(model, seed)
+    """A frozen copy of the initial base weights (eval mode, requires_grad False), for the KL;
+    `device` as for `load_policy`."""
+    reference = _load_base(model, seed, device)
     reference.eval()
     reference.requires_grad_(False)
     return reference.to(device) if device is not None else reference
 
 
-def _load_base(model: ModelSection, seed: int) -> PreTrainedModel:
-    """The model named by ``model.name_or_path`` in ``model.dtype``, without adapters."""
+def _load_base(model: ModelSection, seed: int, device: Any = None) -> PreTrainedModel:
+    """The model named by ``model.name_or_path`` in ``model.dtype``, without adapters (loaded
+    straight onto a CUDA `device`)."""
     if model.name_or_path == TINY:
         from grpocli.models.tiny import build_tiny_model
 
@@ -128,6 +132,8 @@ def _load_base(model: ModelSection, seed: int) -> PreTrainedModel:
         kwargs["attn_implementation"] = model.attn_implementation
     if source.gguf_file:
         kwargs.update(_gguf_kwargs(source))
+    if device is not None and str(device).startswith("cuda"):
+        kwargs["device_map"] = {"": str(device)}  # shards go to the GPU as they load
     try:
         loaded = AutoModelForCausalLM.from_pretrained(
             source.path,

@@ -4,6 +4,7 @@
     fsdp2.py      Fsdp2: torch's fully_shard over every process (train.sharding = "fsdp2")
     deepspeed.py  DeepSpeed: ZeRO-2 / ZeRO-3 from accelerate's DeepSpeed config
     adapters.py   the LoRA adapters of an FSDP2 policy, in checkpoints
+    status.py     what each process is doing, for a collective that waits too long
 
 The step, the frozen log-prob passes, generation, evaluation, checkpoints and weight syncs ask
 the object `start` returns; no other module tests which strategy runs.

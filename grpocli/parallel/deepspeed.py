@@ -160,6 +160,10 @@ class DeepSpeed(Parallel):
         engine.eval()
         return engine
 
+    @property
+    def load_device(self) -> torch.device | None:
+        return None  # whole on the host: DeepSpeed's engine places (ZeRO-3: partitions) them
+
     def low_precision_warning(self, model: Any) -> str | None:
         return None  # DeepSpeed's bf16 / fp16 optimizer keeps float32 master weights
 

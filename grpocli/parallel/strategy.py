@@ -23,9 +23,7 @@ without accelerate (`grpo eval`, the servers).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -35,11 +33,10 @@ from typing import Any, Callable
 import torch
 
 from grpocli.errors import UserError
+from grpocli.parallel import status
 
 #: The moving reference model (algorithm.ref_sync_steps > 0), inside a checkpoint's trainer/.
 REFERENCE = "reference.safetensors"
-#: A folder the processes of one run share (grpo's launcher sets it): each says there what it does.
-STATUS_DIR = "GRPOCLI_STATUS"
 
 
 class Parallel:
@@ -95,34 +92,18 @@ class Parallel:
 
     # -- what each process is doing, for a collective that waits too long -------------------
     def doing(self, step: int, what: str) -> None:
-        """Note what this process does now, at `step`; with several processes under grpo's
-        launcher it is written where the others can read it (`STATUS_DIR`)."""
+        """Note what this process does now, at `step` (grpocli.parallel.status)."""
         self.activity = (step, what, time.time())
-        folder = os.environ.get(STATUS_DIR)
-        if folder and self.size > 1:
-            path = os.path.join(folder, f"rank-{self.rank}.status")
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump({"rank": self.rank, "step": step, "doing": what, "since": self.activity[2]}, f)
-            os.replace(path + ".tmp", path)  # readers see a whole line or the last one
+        if self.size > 1:
+            status.write(self.rank, step, what, self.activity[2])
 
     def stalled(self, exc: BaseException, timeout: float) -> UserError | None:
         """The error to stop with when `exc` is torch.distributed giving up on a collective after
-        `timeout` seconds (train.collective_timeout): it names the step and what each process was
-        doing. None for any other exception."""
-        if self.size == 1 or not isinstance(exc, RuntimeError) or not _from_distributed(exc):
+        `timeout` seconds (train.collective_timeout), naming the step and what each process was
+        doing; None for any other exception."""
+        if self.size == 1 or not status.timed_out(exc):
             return None
-        if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-            return None
-        step, what, _ = self.activity or (0, "starting", time.time())
-        others = "; ".join(_statuses(self.rank)) or "the other processes did not say (not started by `grpo train`)"
-        return UserError(
-            f"the training processes stopped waiting for each other at step {step}: a collective waited more than "
-            f"{timeout:g} s (process {self.rank} was at: {what}); {others}",
-            where="train.collective_timeout", valid="processes that reach each collective within the timeout",
-            hint="the process doing something else than waiting was slow or stuck there (a reward that never "
-            "returns, a long generation, a full disk under a checkpoint); if it was only slow, raise "
-            "train.collective_timeout (seconds)",
-        )
+        return status.stalled(self.rank, self.activity, timeout)
 
     # -- collectives -----------------------------------------------------------------------
     def gather(self, values: torch.Tensor) -> torch.Tensor:
@@ -215,6 +196,11 @@ class Parallel:
         optimizer.zero_grad(set_to_none=True)
 
     # -- models ----------------------------------------------------------------------------
+    @property
+    def load_device(self) -> torch.device | None:
+        """Where the models load: straight onto this process's GPU (None: on the host, then `prepare`)."""
+        return self.device if self.device.type == "cuda" else None
+
     def loading(self) -> Any:
         """Around loading the models (DeepSpeed ZeRO-3: whole, partitioned at `prepare`)."""
         return nullcontext()
@@ -333,35 +319,6 @@ def load_reference(folder: Path, reference: Any, load_sharded: Callable[..., Non
         load_sharded(reference, load_file(saved))
     else:
         load_model(reference, str(saved))
-
-
-def _from_distributed(exc: BaseException) -> bool:
-    """Whether `exc` was raised inside torch.distributed (a collective or the process group)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if "torch/distributed" in tb.tb_frame.f_code.co_filename.replace(os.sep, "/"):
-            return True
-        tb = tb.tb_next
-    return type(exc).__name__ == "DistBackendError"
-
-
-def _statuses(rank: int) -> list[str]:
-    """What the other processes last said they were doing (`Parallel.doing`), oldest first."""
-    folder = os.environ.get(STATUS_DIR)
-    if not folder or not os.path.isdir(folder):
-        return []
-    found = []
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".status"):
-            continue
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                found.append(json.load(f))
-        except (OSError, ValueError):
-            continue
-    now = time.time()
-    return [f"process {d['rank']}: step {d['step']}, {d['doing']} (for {now - d['since']:.0f} s)"
-            for d in sorted(found, key=lambda d: d.get("since", 0.0)) if d.get("rank") != rank]
 
 
 def keep_logits_dtype(model: Any, accelerator: Any) -> None:

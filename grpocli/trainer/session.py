@@ -242,15 +242,16 @@ class Session:
 def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:
     from grpocli.models import load_policy, load_reference, load_tokenizer
 
+    device = parallel.load_device  # a GPU: the weights load straight onto it, not whole on the host
     tokenizer = load_tokenizer(r.model)
-    model = load_policy(r.model, r.train.seed)
+    model = load_policy(r.model, r.train.seed, device=device)
     reference = None  # beta = 0: no KL term, no reference
     if r.algorithm.beta > 0 and r.algorithm.reference == "server":  # a grpo ref-serve: no copy here
         from grpocli.reference.client import ReferenceClient
 
         reference = ReferenceClient.connect(r.algorithm, parallel)
     elif r.algorithm.beta > 0:
-        reference = load_reference(r.model, r.train.seed)
+        reference = load_reference(r.model, r.train.seed, device=device)
     return tokenizer, model, reference
 
 
