@@ -267,7 +267,9 @@ class VllmServerBackend(PromptEncoder):
         self.max_prompt_length = max_prompt_length
         self.parallel = parallel or Parallel.alone()
         self.dtype = dtype_from_name(self.info["dtype"])
-        trainer = gpu_identity(cuda_device(self.parallel.device) or cuda_device(_param_device(model)))
+        # only the main process sends weights: its GPU is the one that must not be the server's
+        trainer = (gpu_identity(cuda_device(self.parallel.device) or cuda_device(_param_device(model)))
+                   if self.parallel.main else None)
         self.transport = choose_transport(transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT"), trainer,
                                           self.info)
         self.bucket_bytes = bucket_bytes
@@ -312,15 +314,17 @@ def request_seeds(count: int) -> list[int]:
     return torch.randint(0, 2**62, (count,), dtype=torch.int64).tolist()
 
 
-def choose_transport(asked: str | None, trainer: dict[str, Any], info: dict[str, Any]) -> str:
+def choose_transport(asked: str | None, trainer: dict[str, Any] | None, info: dict[str, Any]) -> str:
     """The weight transport: ``asked`` (GRPO_VLLM_WEIGHT_TRANSPORT) if the servers offer it, else
-    nccl where the trainer (``gpu_identity`` of its device) is on a GPU, the servers offer nccl and
-    each says it is on another GPU, else http. ``info``: /info (a fleet's lists each server's
-    device under "devices"). NCCL between two ranks on one GPU fails, so nccl asked for a server
-    on the trainer's GPU is a UserError."""
+    nccl where the trainer (``gpu_identity`` of the sending process's device) is on a GPU, the
+    servers offer nccl and each says it is on another GPU, else http. ``info``: /info (a fleet's
+    lists each server's device under "devices"). NCCL between two ranks on one GPU fails, so nccl
+    asked for a server on the trainer's GPU is a UserError. ``trainer`` None: this process sends
+    nothing (not the main one); only whether the servers offer ``asked`` is checked."""
     offered = info["transports"]
     devices = info.get("devices") or [info.get("device")]
-    same = [same_gpu(trainer, d) for d in devices]
+    same = [same_gpu(trainer, d) for d in devices] if trainer is not None else []
+    trainer = trainer or {}
     if asked:
         if asked == "nccl" and any(same):
             gpu = trainer.get("name") or "GPU"

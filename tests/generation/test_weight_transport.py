@@ -68,3 +68,11 @@ def test_what_is_asked_for_is_taken_where_it_can_work():
 def test_a_transport_the_server_does_not_offer_is_a_user_error():
     with pytest.raises(UserError, match="offers no 'nccl' weight transport"):
         choose_transport("nccl", GPU0, info(CPU, transports=["http", "gloo"]))
+
+
+def test_a_process_that_sends_nothing_only_checks_what_the_servers_offer():
+    """Processes other than the main one send no weights: a server on their GPU is no matter."""
+    assert choose_transport("nccl", None, info(GPU0)) == "nccl"
+    assert choose_transport(None, None, info(GPU1)) == "http"
+    with pytest.raises(UserError, match="offers no 'nccl'"):
+        choose_transport("nccl", None, info(CPU, transports=["http", "gloo"]))
