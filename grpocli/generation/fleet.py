@@ -29,6 +29,7 @@ from typing import Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.devices import current_cuda_device, use_device
 from grpocli.generation.vllm_client import ServerClient, ServerUnavailable
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
@@ -65,7 +66,8 @@ class ServerFleet:
 
     # -- start ----------------------------------------------------------------------------
     def wait_until_ready(self) -> dict[str, Any]:
-        """Every server's /info (all must answer); the first's, with the transports all of them offer."""
+        """Every server's /info (all must answer); the first's, with the transports all of them offer
+        and every server's device (``devices``, in vllm.server_url's order)."""
         infos = self.each({c: c.wait_until_ready for c in self.clients}, what="start", may_drop=False)
         dtypes = {c.url: infos[c]["dtype"] for c in self.clients}
         if len(set(dtypes.values())) > 1:
@@ -77,7 +79,7 @@ class ServerFleet:
             )
         first = infos[self.clients[0]]
         transports = [t for t in first["transports"] if all(t in infos[c]["transports"] for c in self.clients)]
-        return {**first, "transports": transports}
+        return {**first, "transports": transports, "devices": [infos[c].get("device") for c in self.clients]}
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
@@ -134,11 +136,14 @@ class ServerFleet:
 
     def gather(self, calls: dict[ServerClient, Callable[[], Any]]) -> tuple[dict, list]:
         """Run the calls at once: ({client: result}, [(client, error)]). One call runs in this thread;
-        several in daemon threads (a Ctrl-C does not wait for a slow server to answer)."""
+        several in daemon threads (a Ctrl-C does not wait for a slow server to answer), each on this
+        thread's CUDA device."""
         outcomes: dict[ServerClient, tuple[bool, Any]] = {}
+        device = current_cuda_device()  # NCCL buckets are on this thread's GPU: the senders take it too
 
         def run(client: ServerClient, call: Callable[[], Any]) -> None:
             try:
+                use_device(device)
                 outcomes[client] = (True, call())
             except Exception as exc:  # reported to the caller by settle
                 outcomes[client] = (False, exc)

@@ -7,8 +7,11 @@ protocol (grpocli/server/protocol.py). The weights are sent when the backend ope
 (one HTTP call or one broadcast per bucket, not per tensor); the first update sends the full spec
 for the server to check, and every call has a timeout (``vllm.server_timeout``) that ends in a
 UserError naming the URL and what to do, never a hang. Transports: "http" (safetensors bodies;
-CPU or GPU), "gloo" (a process group, CPU), "nccl" (GPUs); the default is nccl when both sides
-have a GPU, else http; the environment variable GRPO_VLLM_WEIGHT_TRANSPORT overrides it. The API
+CPU or GPU), "gloo" (a process group, CPU), "nccl" (GPUs); the default is nccl when the trainer
+and every server are on GPUs and no server says it is on the trainer's own GPU (NCCL refuses two
+ranks on one GPU; /info names the server's GPU by UUID, and a server that does not say gets
+http), else http; the environment variable GRPO_VLLM_WEIGHT_TRANSPORT overrides it, except that
+nccl to a server on the trainer's GPU is a UserError. The API
 key, if the server has one, is read from GRPO_VLLM_API_KEY (an environment variable, so it is
 never written to config.resolved.toml).
 
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
+from grpocli.generation.devices import cuda_device, gpu_identity, same_gpu
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
     PolicyWeights,
@@ -263,11 +267,11 @@ class VllmServerBackend(PromptEncoder):
         self.max_prompt_length = max_prompt_length
         self.parallel = parallel or Parallel.alone()
         self.dtype = dtype_from_name(self.info["dtype"])
-        self.transport = (transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT")
-                          or _default_transport(model, self.info))
-        if self.transport not in self.info["transports"]:
-            raise UserError(f"the server offers no {self.transport!r} weight transport",
-                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid=", ".join(self.info["transports"]))
+        # only the main process sends weights: its GPU is the one that must not be the server's
+        trainer = (gpu_identity(cuda_device(self.parallel.device) or cuda_device(_param_device(model)))
+                   if self.parallel.main else None)
+        self.transport = choose_transport(transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT"), trainer,
+                                          self.info)
         self.bucket_bytes = bucket_bytes
         self.checked = False
         self.last_sync: dict[str, Any] = {}
@@ -310,12 +314,39 @@ def request_seeds(count: int) -> list[int]:
     return torch.randint(0, 2**62, (count,), dtype=torch.int64).tolist()
 
 
-def _default_transport(model: Any, info: dict[str, Any]) -> str:
+def choose_transport(asked: str | None, trainer: dict[str, Any] | None, info: dict[str, Any]) -> str:
+    """The weight transport: ``asked`` (GRPO_VLLM_WEIGHT_TRANSPORT) if the servers offer it, else
+    nccl where the trainer (``gpu_identity`` of the sending process's device) is on a GPU, the
+    servers offer nccl and each says it is on another GPU, else http. ``info``: /info (a fleet's
+    lists each server's device under "devices"). NCCL between two ranks on one GPU fails, so nccl
+    asked for a server on the trainer's GPU is a UserError. ``trainer`` None: this process sends
+    nothing (not the main one); only whether the servers offer ``asked`` is checked."""
+    offered = info["transports"]
+    devices = info.get("devices") or [info.get("device")]
+    same = [same_gpu(trainer, d) for d in devices] if trainer is not None else []
+    trainer = trainer or {}
+    if asked:
+        if asked == "nccl" and any(same):
+            gpu = trainer.get("name") or "GPU"
+            raise UserError(
+                f"the weight transport nccl cannot reach a server on the trainer's own GPU ({gpu} "
+                f"{trainer.get('uuid')}): NCCL refuses two ranks on one GPU", where="GRPO_VLLM_WEIGHT_TRANSPORT",
+                valid="http (or unset: grpo picks http for a server on the trainer's GPU)",
+                hint="unset GRPO_VLLM_WEIGHT_TRANSPORT, or start grpo vllm-serve on another GPU "
+                     "(CUDA_VISIBLE_DEVICES=1 grpo vllm-serve ...)")
+        if asked not in offered:
+            raise UserError(f"the server offers no {asked!r} weight transport",
+                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid=", ".join(offered))
+        return asked
+    apart = bool(same) and all(s is False for s in same)
+    return "nccl" if trainer.get("type") == "cuda" and "nccl" in offered and apart else "http"
+
+
+def _param_device(model: Any) -> Any:
     try:
-        on_gpu = next(model.parameters()).is_cuda
+        return next(model.parameters()).device
     except (StopIteration, AttributeError):
-        on_gpu = False
-    return "nccl" if on_gpu and "nccl" in info["transports"] else "http"
+        return None
 
 
-__all__ = ["ServerClient", "ServerUnavailable", "VllmServerBackend", "request_seeds"]
+__all__ = ["ServerClient", "ServerUnavailable", "VllmServerBackend", "choose_transport", "request_seeds"]

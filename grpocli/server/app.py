@@ -178,9 +178,10 @@ def _sampling(req: Any) -> Any:
 
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
-               enforce_eager: bool = True, kv_cache_gb: float = 1.0, seed: int = 0,
+               enforce_eager: bool | None = None, kv_cache_gb: float = 1.0, seed: int = 0,
                request_timeout: float = REQUEST_TIMEOUT) -> None:
-    """Start a vLLM engine on ``model`` and serve it until POST /close or a signal."""
+    """Start a vLLM engine on ``model`` and serve it until POST /close or a signal. ``enforce_eager``
+    None: on for a CPU, off on CUDA (CUDA graphs); the engine runs on this process's current GPU."""
     import uvicorn
 
     from grpocli.generation.vllm_colocate import VllmEngine, prepare_vllm_environment

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from grpocli.generation.devices import gpu_identity, use_device
 from grpocli.generation.weights import (
     Named,
     TensorSpec,
@@ -117,16 +118,20 @@ class EngineHost:
         self.group_backend: str | None = None
         self._group_ready: Future | None = None
         self._store: Any = None
+        self.device = getattr(engine, "device", None)  # the engine's CUDA device; None: the CPU
         self.worker = Worker("grpo-engine", self._in_order, subject="the engine", worker="the engine worker",
-                             restart="grpo vllm-serve")
+                             restart="grpo vllm-serve", device=self.device)
 
     def info(self) -> dict[str, Any]:
+        """/info: the engine's model, dtype and weights version, the weight transports, and its device
+        ({"type": "cuda", "uuid": ...}: a trainer on the same GPU must not pick NCCL)."""
         import torch
 
         e = self.engine
         return {"model": e.model, "max_model_len": e.max_model_len, "world_size": e.world_size,
                 "dtype": dtype_name(e.dtype), "weights_version": self.version,
-                "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])]}
+                "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])],
+                "device": gpu_identity(self.device)}
 
     def run(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
         """Run fn on the engine thread; bad input -> 400, a slow engine -> 504, a stuck or dead one -> 503."""
@@ -244,7 +249,8 @@ class EngineHost:
 
         u = self.current(update_id)
         group = self._wait_group(u.timeout)
-        device = "cuda" if self.group_backend == "nccl" else "cpu"
+        device = (self.device or "cuda") if self.group_backend == "nccl" else "cpu"
+        use_device(self.device)  # a request thread: the engine's GPU is its current one too
         flat = torch.empty(bucket_bytes(specs), dtype=torch.uint8, device=device)
         try:
             broadcast(group, flat, u.timeout, root=0)

@@ -9,6 +9,7 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+from grpocli.generation.devices import use_device
 from grpocli.generation.weights import broadcast, open_group
 from grpocli.server.host import ServerError
 
@@ -17,10 +18,11 @@ TIMEOUT = 300.0
 
 
 class Peer:
-    """This server's end of the group: receives what rank 0 broadcasts."""
+    """This server's end of the group: receives what rank 0 broadcasts (NCCL: onto ``device``, the
+    engine's GPU, which each request thread makes its current one first)."""
 
-    def __init__(self, backend: str, group: Any, timeout: float) -> None:
-        self.backend, self.group, self.timeout = backend, group, timeout
+    def __init__(self, backend: str, group: Any, timeout: float, device: Any = None) -> None:
+        self.backend, self.group, self.timeout, self.device = backend, group, timeout, device
 
     def receive(self, shape: tuple[int, ...], dtype: Any) -> Any:
         import torch
@@ -29,6 +31,7 @@ class Peer:
             out = torch.empty(shape, dtype=dtype)
             broadcast(self.group, out, self.timeout, root=0)
             return out
+        use_device(self.device)
         out = torch.empty(shape, dtype=dtype, device=f"cuda:{torch.cuda.current_device()}")
         self.group.broadcast(out, src=0)
         torch.cuda.current_stream().synchronize()  # the engine thread reads it on another stream
@@ -41,8 +44,9 @@ class Peer:
         self.group = None
 
 
-def join(info: Any, timeout: float = TIMEOUT) -> Peer:
-    """Join the trainer's group as rank ``rank_offset`` (blocks until the trainer joins too)."""
+def join(info: Any, timeout: float = TIMEOUT, device: Any = None) -> Peer:
+    """Join the trainer's group as rank ``rank_offset`` (blocks until the trainer joins too); NCCL on
+    ``device`` (the engine's GPU; None: this thread's current one)."""
     import torch
 
     rank = info.rank_offset
@@ -57,9 +61,10 @@ def join(info: Any, timeout: float = TIMEOUT) -> Peer:
             )
         except ImportError as exc:
             raise ServerError(501, f"this vLLM has no NCCL weight transfer ({exc})") from None
+        use_device(device)
         group = stateless_init_process_group(info.master_address, info.master_port, rank, info.world_size,
                                              device=torch.cuda.current_device())
-        return Peer("nccl", group, timeout)
+        return Peer("nccl", group, timeout, device)
     import torch.distributed as dist
 
     try:

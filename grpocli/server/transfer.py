@@ -128,7 +128,7 @@ class TrlTransfer:
             if self.update_id is not None:
                 raise ServerError(409, "a weight update is active; finish it before a new group")
             self._close()
-            self.peer = join(info, self.timeout)
+            self.peer = join(info, self.timeout, device=getattr(self.host, "device", None))
             self.packed, self.buffer_bytes = info.packed, info.packed_buffer_size_bytes
         return {"message": "Weight transfer initialized", "backend": info.backend, "rank": info.rank_offset}
 

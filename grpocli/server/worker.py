@@ -50,13 +50,15 @@ class Worker:
     """A daemon thread that hands its host's ``schedule`` every job waiting, in the order they came.
 
     ``wait()`` is asked before each wait for jobs: the most seconds to wait before ``schedule`` is
-    called with no jobs (None: until one comes). The texts of ``health`` name the model
-    (``subject``: "the engine"), the thread (``worker``) and the command to restart (``restart``).
+    called with no jobs (None: until one comes). ``device``: the model's CUDA device, made the
+    thread's current one before any job (None: the CPU, or the thread's default, GPU 0). The texts
+    of ``health`` name the model (``subject``: "the engine"), the thread (``worker``) and the
+    command to restart (``restart``).
     """
 
     def __init__(self, name: str, schedule: Callable[[list[Job]], None], *, subject: str, worker: str,
-                 restart: str, wait: Callable[[], float | None] = lambda: None) -> None:
-        self.schedule, self.wait = schedule, wait
+                 restart: str, wait: Callable[[], float | None] = lambda: None, device: Any = None) -> None:
+        self.schedule, self.wait, self.device = schedule, wait, device
         self.subject, self.worker, self.restart = subject, worker, restart
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.dead: str | None = None  # why the worker can take no more jobs (set by the host, or a bug here)
@@ -129,6 +131,10 @@ class Worker:
 
     def _serve(self) -> None:
         try:
+            if self.device is not None:  # a new thread starts on GPU 0: take the model's GPU first
+                from grpocli.generation.devices import use_device
+
+                use_device(self.device)
             while True:
                 jobs = self._take(self.wait())
                 if jobs is None:

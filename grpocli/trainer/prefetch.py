@@ -1,7 +1,8 @@
 """Asynchronous generation (generation.async_steps = k): the next k batches generate while this
 one trains, as in open-instruct's grpo_fast and TRL's async mode.
 
-Generation runs on one worker thread, so calls to the backend never overlap each other; the
+Generation runs on one worker thread, which first makes the process's CUDA device its own (a
+new thread starts on GPU 0), so calls to the backend never overlap each other; the
 loop calls `drain()` before it syncs weights, so a sync never overlaps a generation. A batch
 generated with the weights of step s and trained at step t has staleness t - s <= k; the
 engine's log-probs (from the weights that generated it) let the importance ratio account for it.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.devices import process_device, use_device
 
 
 @dataclass
@@ -28,7 +30,10 @@ class Prefetcher:
     def __init__(self, backend: Any, *, ahead: int, n: int, sampling: Sampling) -> None:
         self.backend, self.ahead, self.n, self.sampling = backend, ahead, n, sampling
         self.pending: deque[_Pending] = deque()
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate")
+        parallel = getattr(backend, "parallel", None)
+        self.device = process_device(parallel.device if parallel is not None else None)
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate",
+                                         initializer=use_device, initargs=(self.device,))
 
     def next(self, next_rows: Callable[[], list[dict[str, Any]]], step: int) -> tuple[list[dict], Generated, int]:
         """The oldest batch (waiting for it if needed); then keep `ahead` more on the way."""

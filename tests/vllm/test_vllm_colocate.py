@@ -93,3 +93,16 @@ def test_head_sizes_cpu_attention_cannot_run_are_named(tmp_path):
     with pytest.raises(UserError) as err:
         check_head_size(tmp_path, "generation.backend")
     assert "head size 16" in str(err.value) and "model.tiny.num_heads=2" in str(err.value)
+
+
+def test_the_cpu_engine_keeps_its_cpu_defaults(session):
+    """On a CPU the GPU rules change nothing: eager mode, vLLM's own one-process executor and batch
+    budget, the policy's dtype (model.dtype float32), no device."""
+    if torch.cuda.is_available():
+        pytest.skip("the CUDA defaults are checked by tests/vllm/test_vllm_gpu.py")
+    engine = session.backend.engine
+    config = engine.llm.llm_engine.vllm_config
+    assert engine.device is None and engine.dtype == torch.float32
+    assert config.model_config.enforce_eager is True
+    assert config.parallel_config.distributed_executor_backend != "external_launcher"
+    assert config.scheduler_config.max_num_batched_tokens == 4096  # vLLM's CPU default, not ours
