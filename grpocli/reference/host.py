@@ -79,7 +79,8 @@ class ReferenceHost:
         self.batches = 0              # forward passes so far (/info; tests see the batching)
         self.held: list[Job] = []     # jobs that read the weights, waiting for an update to end
         self.worker = Worker("grpo-reference", self._schedule, wait=self._patience, subject="the reference model",
-                             worker="the reference worker", restart="grpo ref-serve")
+                             worker="the reference worker", restart="grpo ref-serve",
+                             device=next(model.parameters()).device)  # a GPU: the worker thread's current device
 
     # -- request threads ------------------------------------------------------------------
     def logprobs(self, groups: list[Group], temperature: float, timeout: float) -> list[list[list[float]]]:

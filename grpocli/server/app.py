@@ -179,7 +179,7 @@ def _sampling(req: Any) -> Any:
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
                enforce_eager: bool | None = None, kv_cache_gb: float = 1.0, seed: int = 0,
-               request_timeout: float = REQUEST_TIMEOUT) -> None:
+               request_timeout: float = REQUEST_TIMEOUT, max_num_batched_tokens: int | None = None) -> None:
     """Start a vLLM engine on ``model`` and serve it until POST /close or a signal. ``enforce_eager``
     None: on for a CPU, off on CUDA (CUDA graphs); the engine runs on this process's current GPU."""
     import uvicorn
@@ -196,7 +196,7 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     t0 = time.perf_counter()
     engine = VllmEngine(source.path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                         gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=-1,
-                        where="--model")
+                        max_num_batched_tokens=max_num_batched_tokens, where="--model")
     engine_host = EngineHost(engine, bind_host=host)
     app = build_app(engine_host, api_key=api_key, request_timeout=request_timeout)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
