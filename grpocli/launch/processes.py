@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from grpocli.errors import UserError
+from grpocli.parallel import status
 from grpocli.parallel.status import STATUS_DIR
 
 #: Set in the environment of launched processes, so that they train instead of launching again.
@@ -164,6 +165,9 @@ def main(argv: list[str]) -> int:
         how = (f"was killed by {failure.signal_name()}" if failure.exitcode < 0
                else f"exited with code {failure.exitcode} (its traceback, if any, is above)")
         print(f"error: training process rank {rank} (pid {failure.pid}) {how}", file=sys.stderr, flush=True)
+        doing = status.last_said(-1)  # what each process was doing when it stopped
+        if doing:
+            print("  the processes were at: " + "; ".join(doing), file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -63,6 +63,9 @@ def accelerator_options(collective_timeout: float) -> dict[str, Any]:
     from accelerate.utils import InitProcessGroupKwargs
 
     timeout = timedelta(seconds=collective_timeout)
+    # NCCL: a collective past the timeout raises in the waiting thread (as gloo's do), where the run
+    # turns it into an error naming what each process was doing, instead of its watchdog aborting
+    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     if not torch.cuda.is_available():  # where deepspeed is installed, accelerate imports it (unwrap_model),
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # which would warn that it fell back to the CPU
     if not asked():

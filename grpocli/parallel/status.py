@@ -40,7 +40,7 @@ def timed_out(exc: BaseException) -> bool:
 def stalled(rank: int, activity: tuple[int, str, float] | None, timeout: float) -> UserError:
     """The UserError of a collective that waited more than `timeout` s, naming every process's phase."""
     step, what, _ = activity or (0, "starting", time.time())
-    others = "; ".join(_statuses(rank)) or "the other processes did not say (not started by `grpo train`)"
+    others = "; ".join(last_said(rank)) or "the other processes did not say (not started by `grpo train`)"
     return UserError(
         f"the training processes stopped waiting for each other at step {step}: a collective waited more than "
         f"{timeout:g} s (process {rank} was at: {what}); {others}",
@@ -61,8 +61,9 @@ def _from_distributed(exc: BaseException) -> bool:
     return type(exc).__name__ == "DistBackendError"
 
 
-def _statuses(rank: int) -> list[str]:
-    """What the other processes last said they were doing (`Parallel.doing`), oldest first."""
+def last_said(rank: int) -> list[str]:
+    """What the processes other than `rank` last said they were doing (`Parallel.doing`), oldest
+    first (`rank` -1: all of them)."""
     folder = os.environ.get(STATUS_DIR)
     if not folder or not os.path.isdir(folder):
         return []

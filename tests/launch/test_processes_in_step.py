@@ -1,4 +1,5 @@
-"""Processes that wait for each other never hang silently (2 gloo processes, tiny model):
+"""Processes that wait for each other never hang silently (2 gloo processes on the CPU; the same
+under NCCL on 2 GPUs, marker gpu2; tiny model):
 
 - a process whose groups are all flat (nothing to compute) still joins the gradient all-reduce
   through the DDP wrapper; before, it ran a backward without a DDP forward, skipped the
@@ -69,3 +70,17 @@ def test_a_collective_past_its_timeout_stops_the_run_naming_each_process(tmp_pat
     assert "process 0 was at: advantages" in err   # waiting in the gather of every process's rewards
     assert "process 1: step 1, rewards" in err     # the one that was slow
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+@pytest.mark.gpu2
+def test_under_nccl_an_idle_process_and_a_collective_timeout(tmp_path, rewards):
+    """The two cases above on 2 GPUs: NCCL hangs where gloo aborts, so both matter most there."""
+    env = {"OMP_NUM_THREADS": "1", "SLOW_MARK": str(tmp_path / "slow")}
+    done = run_grpo("train", "quickstart", *FAST, "train.num_processes=2", "train.collective_timeout=60",
+                    f'rewards=[{{name="{rewards}:flat_on_one"}}]', f"train.output_dir={tmp_path / 'flat'}",
+                    env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_grpo("train", "quickstart", *FAST, "train.num_processes=2", "train.collective_timeout=5",
+                    f'rewards=[{{name="{rewards}:slow_on_one"}}]', f"train.output_dir={tmp_path / 'slow'}",
+                    env=env, timeout=120)
+    assert done.returncode == 2 and "process 1: step 1, rewards" in done.stderr, done.stderr[-3000:]
