@@ -125,7 +125,7 @@ def sequence_logprobs(
     `entropy_grad`), from one forward pass; logits only where a token is scored (`logits_to_keep`
     = `rows.logit_index`), so the vocabulary projection skips prompt positions."""
     device = next(model.parameters()).device
-    mask = model_attention_mask(model, rows.attention_mask)
+    mask = model_attention_mask(model, rows, device)
     varlen = {}
     if rows.cu_seqlens is not None and "flash" in (attention_implementation(model) or ""):
         cu = rows.cu_seqlens.to(device)  # packed rows: flash-attention's boundaries, not re-derived per layer
@@ -133,7 +133,7 @@ def sequence_logprobs(
                   "max_length_k": rows.max_seqlen}
     logits = model(
         input_ids=rows.input_ids.to(device), position_ids=rows.position_ids.to(device),
-        attention_mask=mask.to(device) if mask is not None else None,
+        attention_mask=mask,
         logits_to_keep=rows.logit_index.to(device), use_cache=False, **varlen,
     ).logits                                                       # [r, K, V] in the model's dtype
     index = rows.token_index.to(device)                            # [n, T] into the r*K scored tokens

@@ -55,13 +55,16 @@ class Rows:
 
     input_ids: torch.Tensor               # [r, W]
     position_ids: torch.Tensor            # [r, W]
-    attention_mask: torch.Tensor | None   # [r, W] (padded), [1, 1, W, W] bool tree (shared) or None (packed)
+    attention_mask: torch.Tensor | None   # [r, W] (padded), None (packed; shared: `tree`)
     logit_index: torch.Tensor             # [K] positions (of every row) whose logits score a token
     labels: torch.Tensor                  # [r, K] the token scored at each of them
     token_index: torch.Tensor             # [n, T] token t of sequence i is labels.flatten()[token_index[i, t]]
     loss_mask: torch.Tensor               # [n, T] 1.0 on real completion tokens
     cu_seqlens: torch.Tensor | None = None  # [S+1] packed: where each sequence starts in the row (flash-attention's)
     max_seqlen: int = 0                     # packed: the longest of them
+    tree: torch.Tensor | None = None        # [2, W] shared: each token's prompt copy and sequence (-1: prompt),
+                                            # from which `model_attention_mask` builds the [1, 1, W, W] mask
+                                            # on the model's device
 
 
 def attention_implementation(model: Any) -> str | None:
@@ -82,8 +85,15 @@ def choose_layout(model: Any) -> Layout:
     return Layout("padded")
 
 
-def model_attention_mask(model: Any, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A 4D tree mask as the model's attention wants it: bool for sdpa, additive float for eager."""
+def model_attention_mask(model: Any, rows: Rows, device: torch.device) -> torch.Tensor | None:
+    """The rows' attention mask on `device`: padded rows' [r, W], or the [1, 1, W, W] tree mask of
+    shared rows built there (moving W^2 booleans per micro-batch to a GPU costs more than building
+    them), as the model's attention wants it: bool for sdpa, additive float for eager."""
+    if rows.tree is not None:
+        tree = rows.tree.to(device)
+        mask = tree_mask(tree[0], tree[1])
+    else:
+        mask = rows.attention_mask.to(device) if rows.attention_mask is not None else None
     if mask is None or mask.dim() != 4 or attention_implementation(model) != "eager":
         return mask
     dtype = next(model.parameters()).dtype
@@ -144,14 +154,14 @@ def pack_row(sequences: list[Sequence], share_prompts: bool) -> Rows:
         branch += [n] * len(fed)
         last_group = group
     token_index, loss_mask = _token_index([(first, length) for first, length in spans])
-    mask = _tree_mask(torch.tensor(segment), torch.tensor(branch)) if share_prompts else None
+    tree = torch.tensor([segment, branch], dtype=torch.long) if share_prompts else None
     lengths = [] if share_prompts else [int(c) for c in torch.bincount(torch.tensor(segment)) if c]  # per sequence
     return Rows(
         input_ids=torch.tensor([ids], dtype=torch.long), position_ids=torch.tensor([positions], dtype=torch.long),
-        attention_mask=mask, logit_index=torch.tensor(scored_at, dtype=torch.long),
+        attention_mask=None, logit_index=torch.tensor(scored_at, dtype=torch.long),
         labels=torch.tensor([labels], dtype=torch.long), token_index=token_index, loss_mask=loss_mask,
         cu_seqlens=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32) if lengths else None,
-        max_seqlen=max(lengths, default=0),
+        max_seqlen=max(lengths, default=0), tree=tree,
     )
 
 
@@ -193,11 +203,11 @@ def _token_index(spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tens
     return token_index, loss_mask
 
 
-def _tree_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """`[1, 1, W, W]` bool: query q sees key k when k <= q, both in one prompt copy, and k is a
-    prompt token or in q's own completion."""
+def tree_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """`[1, 1, W, W]` bool, on the inputs' device: query q sees key k when k <= q, both in one
+    prompt copy, and k is a prompt token or in q's own completion."""
     w = segment.shape[0]
-    causal = torch.ones((w, w), dtype=torch.bool).tril_()  # [W, W]
+    causal = torch.ones((w, w), dtype=torch.bool, device=segment.device).tril_()  # [W, W]
     same_segment = segment[:, None] == segment[None, :]
     visible = (branch[None, :] == -1) | (branch[None, :] == branch[:, None])
     return (causal & same_segment & visible)[None, None]  # [1, 1, W, W]

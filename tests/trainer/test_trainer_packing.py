@@ -9,7 +9,7 @@ import torch
 
 from grpocli.algorithms import LossNorm
 from grpocli.algorithms.logprobs import sequence_logprobs
-from grpocli.algorithms.packing import Layout, choose_layout, pack_row, pad_rows
+from grpocli.algorithms.packing import Layout, choose_layout, pack_row, pad_rows, tree_mask
 from grpocli.generation.base import Sampling
 from grpocli.generation.hf import HFBackend
 from grpocli.models import build_char_tokenizer, build_tiny_model
@@ -71,7 +71,8 @@ def test_pack_row_layout_by_hand():
     assert shared.labels.tolist() == [[20, 21, 30, 31, 40]]
     assert shared.token_index.tolist() == [[0, 1], [2, 3], [4, 0]]
     assert shared.loss_mask.tolist() == [[1, 1], [1, 1], [1, 0]]
-    m = shared.attention_mask[0, 0]
+    assert shared.attention_mask is None  # built on the model's device from the tree
+    m = tree_mask(shared.tree[0], shared.tree[1])[0, 0]
     assert m[3].tolist() == [True, True, False, True, False]  # 30 sees its prompt and itself, not 20
     assert m[4].tolist() == [False, False, False, False, True]  # group 1 sees only group 1
     plain = pack_row(seqs, share_prompts=False)
