@@ -68,3 +68,10 @@ def test_attention_layouts_agree_in_bf16():
     for kind in ("padded", "packed"):
         if kind in got:
             torch.testing.assert_close(got[kind], got["shared"], atol=2e-2, rtol=0)
+
+
+def test_float32_master_weights_take_every_update_on_the_gpu(tmp_path, capfd):
+    """The CPU's check of float32 masters against bf16 weights (test_precision.py), on CUDA."""
+    import test_precision
+
+    test_precision.test_bf16_weights_without_float32_masters_lose_small_updates_and_are_warned_about(tmp_path, capfd)
