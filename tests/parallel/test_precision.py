@@ -80,7 +80,8 @@ def test_bf16_weights_without_float32_masters_lose_small_updates_and_are_warned_
         r = load_recipe("quickstart", [*FAST, "train.steps=1", "train.learning_rate=1e-6", f"model.dtype={dtype}",
                                        f"train.mixed_precision={precision}", f"train.output_dir={tmp_path / dtype}",
                                        "algorithm.drop_zero_spread_groups=false"])
-        before = {n: t.detach().clone() for n, t in load_policy(r.recipe.model, r.recipe.train.seed).state_dict().items()}
+        initial = load_policy(r.recipe.model, r.recipe.train.seed).state_dict()
+        before = {n: t.detach().clone() for n, t in initial.items()}
         capfd.readouterr()
         train(r)
         err = capfd.readouterr().err
