@@ -1,10 +1,11 @@
 """`RunLock`: one `grpo train` writes to a run directory at a time.
 
-The lock is an OS lock (fcntl.flock) on `<run>/.grpo.lock`, not the file's existence: the kernel
-drops it when the holding process dies, SIGKILL included, so a crashed run never leaves a stale
-lock behind and a resume right after it starts at once. While held, the file names the holder
-(pid, host, start time, command line), so a second run on the same directory stops before it
-touches anything (exit 2) and says which process to wait for or stop.
+The lock is an OS lock (fcntl.flock) on the run directory itself, not a file's existence: the
+kernel drops it when the holding process dies, SIGKILL included, so a crashed run never leaves a
+stale lock behind and a resume right after it starts at once, and deleting a file cannot lift it.
+While held, `<run>/.grpo.lock` names the holder (pid, host, start time, command line; locked too,
+for older grpo versions), so a second run on the same directory stops before it touches
+anything (exit 2) and says which process to wait for or stop.
 
 Who holds it: the process that starts training, i.e. `grpo train` itself; with
 train.num_processes > 1 that is the launcher, and the processes it starts do not lock (they would
@@ -45,14 +46,32 @@ def run_lock(run: RunDir) -> Iterator[None]:
     A directory this call created is removed again when the block leaves nothing else in it
     (a run that failed before writing anything leaves no trace)."""
     created = not run.root.exists()
-    fd = _acquire(run)
+    fds = _acquire(run)
     try:
         yield
     finally:
-        _release(run, fd, remove_dir=created)
+        _release(run, fds, remove_dir=created)
 
 
-def _acquire(run: RunDir) -> int:
+def _acquire(run: RunDir) -> tuple[int, int]:
+    """(the directory's locked descriptor, the details file's)."""
+    import fcntl
+
+    dir_fd = _open(run, directory=True)
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(dir_fd)
+        raise _in_use(run) from None
+    try:
+        return dir_fd, _lock_details(run)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+
+
+def _lock_details(run: RunDir) -> int:
+    """Lock and fill <run>/.grpo.lock (a grpo that only knows the file's lock sees it held)."""
     import fcntl
 
     while True:
@@ -70,10 +89,12 @@ def _acquire(run: RunDir) -> int:
     return fd
 
 
-def _open(run: RunDir) -> int:
+def _open(run: RunDir, *, directory: bool = False) -> int:
     run.check_writable()  # a file in the way, or a read-only place: said as such
     try:
         run.root.mkdir(parents=True, exist_ok=True)
+        if directory:
+            return os.open(run.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return os.open(lock_path(run), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # no O_TRUNC: it may be held
     except OSError as exc:
         raise UserError(f"cannot write to the run directory {run.root}: {exc.strerror}", where="train.output_dir",
@@ -81,14 +102,15 @@ def _open(run: RunDir) -> int:
                         hint="train.output_dir=runs/new (or fix the directory's permissions)") from None
 
 
-def _release(run: RunDir, fd: int, *, remove_dir: bool) -> None:
+def _release(run: RunDir, fds: tuple[int, int], *, remove_dir: bool) -> None:
     """Remove the lock file (while still holding it: see _same_file), then unlock by closing."""
     with contextlib.suppress(OSError):
         lock_path(run).unlink()
     if remove_dir:
         with contextlib.suppress(OSError):
             run.root.rmdir()  # only when empty: a run that wrote something keeps its directory
-    os.close(fd)
+    for fd in reversed(fds):
+        os.close(fd)
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -165,3 +165,23 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     with run_lock(fresh):
         assert lock_path(fresh).exists()
     assert not fresh.root.exists()  # created here, nothing written: removed again
+
+
+def test_deleting_the_lock_file_does_not_unlock_the_run(tmp_path):
+    """The lock is on the directory: a second run on a live directory stops even when someone
+    deleted <run>/.grpo.lock (before, it started and pruned the first run's checkpoint)."""
+    run = RunDir(tmp_path / "run")
+    code = ("import sys, time\nfrom grpocli.rundir import RunDir\nfrom grpocli.launch.lock import run_lock\n"
+            f"with run_lock(RunDir({str(run.root)!r})):\n    print('held', flush=True)\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        lock_path(run).unlink()
+        with pytest.raises(UserError, match="is in use by another grpo train"), run_lock(run):
+            pass
+        second = run_grpo("train", "quickstart", "train.steps=1", f"train.output_dir={run.root}", timeout=120)
+        assert second.returncode == 2 and "in use by another grpo train" in second.stderr, second.stderr[-2000:]
+        assert "Traceback" not in second.stderr and not (run.root / "metrics.jsonl").exists()
+    finally:
+        proc.kill()
+        proc.wait()
