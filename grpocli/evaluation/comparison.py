@@ -184,7 +184,7 @@ def _open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tupl
 
 def _eval_root(configured: str | None, targets: list[Target], resolved: Resolved) -> Path:
     if configured:
-        return Path(configured.replace("{recipe}", resolved.name))
+        return resolved.cwd / Path(configured.replace("{recipe}", resolved.name)).expanduser()
     for target in targets:
         if target.run_root is not None:
             return target.run_root / "eval"

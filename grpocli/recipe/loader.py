@@ -6,7 +6,8 @@ Every value remembers where it came from (`Resolved.sources`), so errors and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,16 @@ class Resolved:
     name: str
     path: Path | None
     sources: dict[str, str]
+    cwd: Path = field(default_factory=Path.cwd)  # where relative paths start: the directory it was loaded in
 
     def source_of(self, dotted: str) -> str:
         return _source_of(self.sources, dotted)
 
     def output_dir(self) -> Path:
-        return Path(self.recipe.train.output_dir.replace("{recipe}", self.name))
+        """The run directory, absolute: relative to the directory the recipe was loaded in, so that a
+        reward or tool that changes directory (os.chdir) cannot split the run between two places."""
+        path = Path(self.recipe.train.output_dir.replace("{recipe}", self.name)).expanduser()
+        return Path(os.path.normpath(self.cwd / path))
 
 
 def load_recipe(
