@@ -16,8 +16,10 @@ full disk leaves at the end) is skipped and its number reported, never fatal.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -305,3 +307,42 @@ def _warn(text: str) -> None:
 
     if os.environ.get("RANK", "0") == "0":
         print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+# -- failed writes ------------------------------------------------------------------------------
+#: What torch's and safetensors' writers say when the OS refuses a write (they drop the errno);
+#: torch's stream writer says only "basic_ios::clear" when the last bytes of a file do not fit.
+_WRITE_FAILED = ("unexpected pos", "file write failed", "basic_ios::clear", "I/O error", "No space left",
+                 "File too large", "Disk quota", "Read-only file system")
+
+
+def is_write_failure(err: BaseException) -> bool:
+    """Whether ``err`` is the OS refusing a write (a full disk, a quota, a size limit, a read-only place)."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+    return any(text in str(err) for text in _WRITE_FAILED)
+
+
+def write_error(err: BaseException) -> str:
+    """The first line of a failed write's error, saying what raised it where that is not an OSError."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return first if isinstance(err, OSError) else f"the write failed ({type(err).__name__}: {first})"
+
+
+def free_space(place: Path, needed: int) -> str:
+    """'N MiB free there now', and whether that was room enough (then a limit stopped the write)."""
+    existing = place
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        room = shutil.disk_usage(existing).free
+    except OSError:
+        return "free space unknown"
+    free = f"{megabytes(room)} free there now"
+    if room > 2 * needed:
+        free += " (room enough: a limit stopped the write, e.g. a quota or `ulimit -f`)"
+    return free
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"

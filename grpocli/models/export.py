@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import tomllib
 
 from grpocli.errors import UserError
+from grpocli.rundir import free_space, is_write_failure, megabytes, write_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -148,7 +149,12 @@ def export_model(cm: CheckpointModel, out_dir: Path, *, where: str = "OUT_DIR") 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar for one small file
     try:
-        save_model(model, tokenizer, tmp)
+        try:
+            save_model(model, tokenizer, tmp)
+        except Exception as err:
+            if not is_write_failure(err):
+                raise
+            raise _export_failed(out_dir, err, model, where) from None
         if out_dir.is_dir():
             out_dir.rmdir()  # empty: checked before
         os.replace(tmp, out_dir)
@@ -157,6 +163,18 @@ def export_model(cm: CheckpointModel, out_dir: Path, *, where: str = "OUT_DIR") 
         if shown:
             hf_logging.enable_progress_bar()
     return out_dir
+
+
+def _export_failed(out_dir: Path, err: BaseException, model: Any, where: str) -> UserError:
+    """A full disk (or a size limit) while exporting: what it needs, what is free; nothing was left."""
+    needed = sum(p.numel() * p.element_size() for p in model.parameters())
+    return UserError(
+        f"could not write the model to {out_dir}: {write_error(err)}; the export needs about "
+        f"{megabytes(needed)} (its weights), {free_space(out_dir.parent, needed)}; nothing was written "
+        f"to {out_dir} (the partial copy is removed)", where=where,
+        valid=f"a directory on a disk with {megabytes(needed)} free",
+        hint=f"free space (df -h {out_dir.parent}) or pick an OUT_DIR on another disk, then run the same command again",
+    )
 
 
 def save_model(

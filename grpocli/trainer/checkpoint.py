@@ -14,7 +14,6 @@ trainer/deepspeed/ (resume is exact with the same number of processes and stage)
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import pickle
@@ -29,7 +28,7 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.parallel import Parallel
-from grpocli.rundir import RunDir
+from grpocli.rundir import RunDir, free_space, is_write_failure, megabytes, write_error
 
 
 def save_checkpoint(
@@ -49,7 +48,7 @@ def save_checkpoint(
         _write(run, tmp, parallel=parallel, model=model, tokenizer=tokenizer, optimizer=optimizer,
                scheduler=scheduler, state=state, reference=reference)
     except Exception as err:
-        if not _is_write_failure(err):
+        if not is_write_failure(err):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         raise _write_failed(run, step, tmp, err, model) from None
@@ -166,38 +165,18 @@ def _prune(run: RunDir, keep: int | None) -> None:
 
 
 # -- failures ----------------------------------------------------------------------------------
-#: What torch's and safetensors' writers say when the OS refuses a write (they drop the errno).
-_WRITE_FAILED = ("unexpected pos", "file write failed", "I/O error", "No space left", "File too large",
-                 "Disk quota", "Read-only file system")
-
-
-def _is_write_failure(err: BaseException) -> bool:
-    if isinstance(err, OSError):
-        return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
-    return any(text in str(err) for text in _WRITE_FAILED)
-
-
 def _write_failed(run: RunDir, step: int, tmp: Path, err: BaseException, model: Any) -> UserError:
     """A UserError for a checkpoint that could not be written: the error, the space one takes
     (the newest complete one's size, else the weights plus AdamW's two moments) and the space free."""
     latest = run.latest_checkpoint()
     if latest is not None:
         needed = sum(f.stat().st_size for f in latest[1].rglob("*") if f.is_file())
-        size = f"about {_megabytes(needed)} (the size of {latest[1].name})"
+        size = f"about {megabytes(needed)} (the size of {latest[1].name})"
     else:
         needed = sum(p.numel() * p.element_size() for p in model.parameters()) + 2 * sum(
             p.numel() * 4 for p in model.parameters() if p.requires_grad)
-        size = f"about {_megabytes(needed)} (weights and optimizer state)"
-    try:
-        room = shutil.disk_usage(run.checkpoints).free
-        free = f"{_megabytes(room)} free there now"
-        if room > 2 * needed:
-            free += " (room enough: a limit stopped the write, e.g. a quota or `ulimit -f`)"
-    except OSError:
-        free = "free space unknown"
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-    if not isinstance(err, OSError):
-        first = f"the write failed ({type(err).__name__}: {first})"
+        size = f"about {megabytes(needed)} (weights and optimizer state)"
+    free, first = free_space(run.checkpoints, needed), write_error(err)
     resume = f"it resumes from {latest[1].name}" if latest is not None else "it starts again from step 0"
     return UserError(
         f"could not write the checkpoint of step {step} to {tmp}: {first}; a checkpoint needs {size}, "
@@ -207,10 +186,6 @@ def _write_failed(run: RunDir, step: int, tmp: Path, err: BaseException, model: 
         hint=f"free space in {run.root.parent} (or set train.save_total_limit=2, or a train.output_dir on a "
         f"larger disk), then run the same command again: {resume}",
     )
-
-
-def _megabytes(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
 def _warn(text: str, *, everywhere: bool = False) -> None:

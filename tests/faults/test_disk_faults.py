@@ -96,6 +96,28 @@ def test_full_disk_while_checkpointing_keeps_what_was_written_then_resumes(run_c
 
 
 @pytest.mark.slow
+def test_full_disk_at_the_last_bytes_of_a_checkpoint_file(run_copy):
+    """A limit a few bytes short of the optimizer file fails at its final flush, where torch's
+    stream writer says only "basic_ios::clear: iostream error"."""
+    run = RunDir(run_copy)
+    optimizer = (run.checkpoint(4) / "trainer" / "optimizer.pt").stat().st_size
+    result = _grpo_limited(optimizer - 100, "train", "quickstart", *RUN, "train.steps=6",
+                           f"train.output_dir={run_copy}")
+    assert_clean_error(result, "could not write the checkpoint of step 6", "basic_ios::clear",
+                       "run the same command again: it resumes from step-4")
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["step-2", "step-4"]
+
+
+def test_full_disk_while_exporting_leaves_nothing(run_copy, tmp_path):
+    weights = (RunDir(run_copy).checkpoint(4) / "model.safetensors").stat().st_size
+    out = tmp_path / "exported"
+    result = _grpo_limited(weights // 2, "export", str(run_copy), str(out))
+    assert_clean_error(result, f"grpo export RUN_OR_CHECKPOINT: could not write the model to {out}",
+                       "the export needs about", "free there now", "nothing was written")
+    assert not out.exists() and list(tmp_path.glob(".exported.tmp-*")) == []
+
+
+@pytest.mark.slow
 def test_full_disk_while_logging_metrics_names_the_file(tmp_path):
     out = tmp_path / "run"
     result = _grpo_limited(3000, "train", "quickstart", *FAST, "train.steps=8", "log.rollouts_every=0",
