@@ -3,7 +3,10 @@
     <run>/config.resolved.toml
     <run>/metrics.jsonl              one JSON object per step
     <run>/rollouts/step-N.jsonl      prompt, completion, each reward, advantage
-    <run>/checkpoints/step-N/        model + tokenizer (save_pretrained) + trainer/ state
+    <run>/checkpoints/step-N/        model + tokenizer (save_pretrained) + trainer/ state and recipe.toml
+    <run>/history/                   what earlier parts of the run ran with: config-until-step-N.toml
+                                     (a resume that changed the recipe), attempt-K/ (a start from step 0
+                                     that found metrics but no checkpoint: its metrics, config, rollouts)
 A checkpoint directory is complete exactly when it is named step-N: it is written as
 step-N.tmp and renamed at the end (an atomic rename), so a crash never leaves a
 complete-looking one behind. A disk can still damage one later (a truncated or deleted file),
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -72,6 +76,31 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history"
+
+    def keep_config(self, step: int, text: str) -> Path:
+        """Keep the config steps up to ``step`` ran with (a resume changes config.resolved.toml)."""
+        self.history.mkdir(parents=True, exist_ok=True)
+        path = self.history / f"config-until-step-{step}.toml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def set_aside_attempt(self) -> tuple[Path, int] | None:
+        """Move what a run that never checkpointed left (metrics, config, rollouts, eval) into
+        history/attempt-K/ before a new start from step 0 writes over it; (that folder, its
+        number of metrics lines), or None when there was nothing to keep."""
+        if not self.metrics.exists() or not (rows := read_jsonl(self.metrics)):
+            return None
+        number = 1 + sum(1 for p in self.history.glob("attempt-*")) if self.history.is_dir() else 1
+        folder = self.history / f"attempt-{number}"
+        folder.mkdir(parents=True)
+        for path in (self.metrics, self.config, self.rollouts, self.root / "eval"):
+            if path.exists():
+                os.replace(path, folder / path.name)
+        return folder, len(rows)
 
     def rollout_file(self, step: int) -> Path:
         return self.rollouts / f"step-{step}.jsonl"

@@ -194,11 +194,15 @@ def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:
 
 # -- starting n processes --------------------------------------------------------------------
 def _check_run_dir(resolved: Resolved) -> None:
-    """The run-directory errors every process would raise (already complete, no such checkpoint)."""
+    """The run-directory errors every process would raise (already complete, no such checkpoint, a
+    changed recipe)."""
+    from grpocli.recipe.resume import check_resume
     from grpocli.rundir import RunDir, resume_point
 
-    t = resolved.recipe.train
-    resume_point(RunDir(resolved.output_dir()), t.resume, t.steps)
+    t, run = resolved.recipe.train, RunDir(resolved.output_dir())
+    found = resume_point(run, t.resume, t.steps)
+    if found is not None:
+        check_resume(resolved, found[1], run.config)
 
 
 def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str]:

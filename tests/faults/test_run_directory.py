@@ -51,3 +51,53 @@ def test_a_reward_that_changes_directory_does_not_move_the_run(tmp_path):
     assert _steps(run) == [1, 2, 3]
     assert (run / "metrics.jsonl").read_text().startswith(first)  # resumed at step 2, not redone from 0
     assert list(elsewhere.iterdir()) == []
+
+
+RUN = [*FAST, "train.steps=4", "train.save_steps=2"]  # as conftest.py trained it
+
+
+def _digests(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_resume_that_changes_the_math_is_refused_then_kept_when_allowed(run_copy):
+    before = _digests(run_copy)
+    lr = "train.learning_rate=0.01"  # the quickstart trains at 0.001
+    refused = run_grpo("train", "quickstart", *RUN, "train.steps=5", lr, "generation.num_generations=2",
+                       f"train.output_dir={run_copy}", env=ENV, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    err = refused.stderr
+    assert "Traceback" not in err
+    assert "train.resume: the recipe changes how the run trains" in err
+    assert "generation.num_generations 4 -> 2" in err and "train.learning_rate 0.001 -> 0.01" in err
+    assert """train.allow_changes='["generation.num_generations", "train.learning_rate"]'""" in err
+    assert "train.steps" not in err.split("valid:")[0]  # a key that may change is not named
+    assert _digests(run_copy) == before  # nothing written
+
+    allowed = run_grpo("train", "quickstart", *RUN, "train.steps=5", lr, '''train.allow_changes=["train"]''',
+                       f"train.output_dir={run_copy}", env=ENV, timeout=300)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    kept = run_copy / "history" / "config-until-step-4.toml"
+    note = next(line for line in allowed.stderr.splitlines() if line.startswith("resuming with "))
+    assert "train.learning_rate 0.001 -> 0.01" in note and "train.steps 4 -> 5" in note, note
+    assert f"kept in {kept}" in allowed.stderr
+    assert kept.read_bytes() == before["config.resolved.toml"]  # what steps 1-4 ran with
+    assert "learning_rate = 0.01\n" in (run_copy / "config.resolved.toml").read_text()
+    assert "learning_rate = 0.01\n" in (run_copy / "checkpoints/step-5/trainer/recipe.toml").read_text()
+    assert "learning_rate = 0.001\n" in (run_copy / "checkpoints/step-4/trainer/recipe.toml").read_text()
+
+
+@pytest.mark.slow
+def test_metrics_without_a_checkpoint_are_kept_when_training_starts_again(run_copy):
+    import shutil
+
+    shutil.rmtree(run_copy / "checkpoints")  # a run that stopped before its first checkpoint
+    before = _digests(run_copy)
+    done = run_grpo("train", "quickstart", *FAST, f"train.output_dir={run_copy}", env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    attempt = run_copy / "history" / "attempt-1"
+    assert (f"warning: {run_copy} holds metrics of 4 steps but no checkpoint to resume from" in done.stderr
+            and f"kept in {attempt}" in done.stderr), done.stderr[-3000:]
+    assert _digests(attempt) == before  # metrics, config and rollouts of the run before, byte for byte
+    assert _steps(run_copy) == [1, 2]
