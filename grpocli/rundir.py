@@ -338,6 +338,21 @@ def _warn(text: str) -> None:
         print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
+def stopped_run(run: RunDir) -> str:
+    """What a run stopped by a signal kept (its newest checkpoint, its metrics), after removing the
+    checkpoint it was writing (step-N.tmp is never complete); said by `grpo train` as it exits."""
+    for partial in run.checkpoints.glob("step-*.tmp") if run.checkpoints.is_dir() else []:
+        shutil.rmtree(partial, ignore_errors=True)
+    steps = [row.get("step") for row in read_jsonl(run.metrics) if isinstance(row.get("step"), int)]
+    metrics = f"metrics.jsonl up to step {max(steps)}" if steps else "no metrics yet"
+    latest, _ = run.newest_intact(resume=True)
+    if latest is None:
+        return (f"no checkpoint yet in {run.root} ({metrics}); the same command starts again from step 0 "
+                "(train.save_steps=N writes one every N steps; train.checkpoint_on_signal=true writes one on a signal)")
+    redone = f" (steps {latest[0] + 1}-{max(steps)} are trained again)" if steps and max(steps) > latest[0] else ""
+    return f"kept {latest[1]} (the newest checkpoint) and {metrics}; the same command resumes from step {latest[0]}{redone}"
+
+
 # -- failed writes ------------------------------------------------------------------------------
 #: What torch's and safetensors' writers say when the OS refuses a write (they drop the errno);
 #: torch's stream writer says only "basic_ios::clear" when the last bytes of a file do not fit.

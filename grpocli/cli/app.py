@@ -8,7 +8,7 @@ import typer
 
 from grpocli import __version__
 from grpocli.cli import evaluate, export, failures, inspect, ref_serve, serve, train
-from grpocli.errors import UserError
+from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
     name="grpo",
@@ -56,6 +56,10 @@ def main() -> None:
         app()
     except UserError as exc:
         report(exc)
+        sys.exit(exc.exit_code)
+    except Stopped as exc:  # SIGTERM / SIGINT during `grpo train`: not an error
+        if exc.kept:
+            print(f"stopped by {exc.name}: {exc.kept}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -38,7 +38,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from grpocli.errors import UserError
+from grpocli.errors import Stopped, UserError
 from grpocli.launch.processes import LAUNCHED, LAUNCHER
 from grpocli.launch.request import (
     AccelerateRequest,
@@ -75,7 +75,12 @@ def launch(resolved: Resolved, overrides: list[str], train: Callable[[Resolved],
         _check_run_dir(resolved)  # once, here: not n times
         if n != resolved.recipe.train.num_processes:
             overrides = [*_without_num_processes(overrides), f"train.num_processes={n}"]
-        code = _accelerate_launch(resolved, overrides, n)
+        try:
+            code = _accelerate_launch(resolved, overrides, n)
+        except Stopped as stop:  # the workers stopped on a signal: say what the run kept
+            from grpocli.rundir import RunDir, stopped_run
+
+            raise Stopped(stop.signum, kept=stopped_run(RunDir(resolved.output_dir()))) from None
     sys.exit(code)
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpocli.errors import UserError
+from grpocli.errors import Stopped, UserError
 from grpocli.parallel import status
 from grpocli.parallel.status import STATUS_DIR
 
@@ -55,13 +55,42 @@ _PR_SET_PDEATHSIG = 1
 
 def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
     """Run the launcher command (`python -m grpocli.launch.processes ...`) from `grpo train` and
-    return its exit code; raise the first worker's UserError instead where one stopped the run."""
+    return its exit code; raise the first worker's UserError instead where one stopped the run.
+
+    SIGTERM and SIGINT are passed on to the launcher (in a process group of its own, so that
+    Ctrl-C reaches it once), whose torchrun agent passes them to the workers and gives them 30 s
+    to stop (grpocli.trainer.signals); then `Stopped` is raised here, for `grpo train` to say
+    what the run kept."""
     with tempfile.TemporaryDirectory(prefix="grpo-errors-") as errors:
-        code = subprocess.call(cmd, env={**env, TRAIN_PID: str(os.getpid()), ERRORS: errors, STATUS_DIR: errors})
+        proc = subprocess.Popen(cmd, env={**env, TRAIN_PID: str(os.getpid()), ERRORS: errors, STATUS_DIR: errors},
+                                process_group=0)
+        with _passed_on(proc) as received:
+            code = proc.wait()
         first = first_error(Path(errors))
+    if received:
+        raise Stopped(received[0])
     if code and first is not None:
         raise first
     return code
+
+
+@contextlib.contextmanager
+def _passed_on(proc: subprocess.Popen) -> Iterator[list[int]]:
+    """SIGTERM and SIGINT sent to this process go to `proc` instead; yields the signals received."""
+    received: list[int] = []
+
+    def pass_on(signum: int, frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    old = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        yield received
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 # -- dying together ------------------------------------------------------------------------
@@ -104,6 +133,8 @@ def worker() -> Iterator[None]:
         return
     try:
         yield
+    except Stopped as exc:  # SIGTERM / SIGINT passed on by `grpo train`, which says what was kept
+        raise SystemExit(exc.exit_code) from None
     except UserError as exc:
         _record(Path(folder), exc)
         raise SystemExit(exc.exit_code) from None

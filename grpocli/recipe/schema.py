@@ -263,6 +263,12 @@ class TrainSection(Section):
         None, ge=1, description="Keep only the newest N checkpoints.",
         json_schema_extra=FREE_ON_RESUME,
     )
+    checkpoint_on_signal: bool = Field(
+        False, description="On SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C): finish the step that runs and "
+        "write its checkpoint before stopping (a second signal stops at once). false: stop at once, keeping the "
+        "newest checkpoint. Either way the run says what it kept and exits with 128 + the signal's number.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     on_nonfinite_loss: Literal["skip", "raise"] = Field(
         "skip", description="A NaN/inf loss skips the step and says so, or stops the run.",
         json_schema_extra=FREE_ON_RESUME,

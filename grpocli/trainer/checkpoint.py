@@ -48,11 +48,11 @@ def save_checkpoint(
     try:
         _write(run, tmp, parallel=parallel, model=model, tokenizer=tokenizer, optimizer=optimizer,
                scheduler=scheduler, state=state, reference=reference)
-    except Exception as err:
-        if not is_write_failure(err):
-            raise
+    except BaseException as err:  # a full disk, a bug, or a signal (grpocli.trainer.signals): never complete
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed(run, step, tmp, err, model) from None
+        if isinstance(err, Exception) and is_write_failure(err):
+            raise _write_failed(run, step, tmp, err, model) from None
+        raise
     if parallel.main:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)  # atomic: step-N exists only when complete

@@ -20,6 +20,7 @@ the processes are asked through `Session.parallel` (grpocli.parallel).
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
 from grpocli.algorithms.packing import choose_layout
 from grpocli.algorithms.variants import ADVANTAGES
+from grpocli.errors import Stopped
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.weights import policy_weights
@@ -39,6 +41,7 @@ from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import mix_state
 from grpocli.rewards import RewardFn, score
 from grpocli.rewards.scoring import trainer_state
+from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import (
@@ -54,6 +57,7 @@ from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, flat_groups, keep_informative
 from grpocli.trainer.session import Session, TrainingStopped, is_due
+from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
 if TYPE_CHECKING:
@@ -63,11 +67,21 @@ if TYPE_CHECKING:
 
 def train(resolved: Resolved) -> None:
     """Run `grpo train` in this process (one of several under `accelerate launch`); a collective that
-    waits past train.collective_timeout stops it, saying what each process was doing (`Parallel.stalled`)."""
+    waits past train.collective_timeout stops it, saying what each process was doing (`Parallel.stalled`);
+    SIGTERM or SIGINT stops it saying what was kept (grpocli.trainer.signals)."""
+    with StopSignals(checkpoint_first=resolved.recipe.train.checkpoint_on_signal) as stops:
+        try:
+            _train(resolved, stops)
+        except Stopped as stop:
+            main = os.environ.get("RANK", "0") == "0"
+            raise Stopped(stop.signum, kept=stopped_run(RunDir(resolved.output_dir())) if main else "") from None
+
+
+def _train(resolved: Resolved, stops: StopSignals) -> None:
     s = Session.open(resolved)
     loop = None
     try:
-        loop = Loop(s)  # a wrong eval split fails here, before the first step
+        loop = Loop(s, stops)  # a wrong eval split fails here, before the first step
         loop.run()
     except RuntimeError as exc:
         stalled = s.parallel.stalled(exc, resolved.recipe.train.collective_timeout)
@@ -105,8 +119,8 @@ class Slice:
 
 
 class Loop:
-    def __init__(self, s: Session) -> None:
-        self.s = s
+    def __init__(self, s: Session, stops: StopSignals) -> None:
+        self.s, self.stops = s, stops
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
@@ -139,6 +153,7 @@ class Loop:
                             completion_tokens=batch.completion_tokens / len(plan))
             self.maybe_evaluate(since=cycle_start)
             self.maybe_checkpoint()
+            self.maybe_stop()
         s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
 
     # -- phases 1-4 ----------------------------------------------------------------------
@@ -336,9 +351,9 @@ class Loop:
         if s.parallel.main:
             s.metrics.write({"step": s.state.step, **evaluated})
 
-    def maybe_checkpoint(self) -> None:
+    def maybe_checkpoint(self, *, now: bool = False) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
-        if is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
+        if now or is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
             self.doing("checkpoint (the main process writes, the others wait)", done=True)
             save_checkpoint(
                 s.run, state.step, parallel=s.parallel, model=s.model, tokenizer=s.tokenizer,
@@ -347,6 +362,17 @@ class Loop:
                 reference=s.reference if r.algorithm.ref_sync_steps else None,  # it moves: resume needs it
             )
             state.last_saved = state.step
+
+    def maybe_stop(self) -> None:
+        """With train.checkpoint_on_signal: a signal came during the steps just taken (on any process,
+        the largest signal number agreed by all), so write their checkpoint and stop."""
+        if not self.stops.checkpoint_first:
+            return
+        signum = -self.s.parallel.fewest(-(self.stops.pending or 0))  # the largest, the same on every process
+        if signum:
+            if self.s.state.last_saved != self.s.state.step:
+                self.maybe_checkpoint(now=True)
+            raise Stopped(signum)
 
     def close(self) -> None:
         if self.prefetch:

@@ -8,10 +8,17 @@ it leaves.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from cli_runner import run_grpo
+from cli_runner import ROOT, run_grpo
 from tiny_runs import FAST
 
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -90,8 +97,6 @@ def test_a_resume_that_changes_the_math_is_refused_then_kept_when_allowed(run_co
 
 @pytest.mark.slow
 def test_metrics_without_a_checkpoint_are_kept_when_training_starts_again(run_copy):
-    import shutil
-
     shutil.rmtree(run_copy / "checkpoints")  # a run that stopped before its first checkpoint
     before = _digests(run_copy)
     done = run_grpo("train", "quickstart", *FAST, f"train.output_dir={run_copy}", env=ENV, timeout=300)
@@ -101,3 +106,96 @@ def test_metrics_without_a_checkpoint_are_kept_when_training_starts_again(run_co
             and f"kept in {attempt}" in done.stderr), done.stderr[-3000:]
     assert _digests(attempt) == before  # metrics, config and rollouts of the run before, byte for byte
     assert _steps(run_copy) == [1, 2]
+
+
+def _start(log: Path, *args: str) -> subprocess.Popen:
+    """`grpo ARGS` in the background, its output in `log` (a pipe nobody reads could fill up)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ENV}
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "grpocli.cli.app", *args], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_until(check, proc: subprocess.Popen, log: Path, timeout: float = 240, poll: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert proc.poll() is None, f"exited early ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out:\n{log.read_text()[-3000:]}"
+        time.sleep(poll)
+
+
+def _metric_steps(run: Path) -> list[int]:
+    try:
+        return _steps(run)
+    except (OSError, ValueError, KeyError):  # not there yet, or a line being written
+        return []
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_checkpoint_write_removes_it_and_says_what_was_kept(tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log"
+    proc = _start(log, "train", "quickstart", *FAST, "train.steps=100", "train.save_steps=1",
+                  f"train.output_dir={run}")
+    # the moment a checkpoint after step-1 is being written (or just was: either way nothing partial may stay)
+    _wait_until(lambda: any(p.name.endswith(".tmp") for p in (run / "checkpoints").glob("step-*")) and
+                (run / "checkpoints" / "step-1").is_dir(), proc, log, poll=0.002)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    out = log.read_text()
+    assert "Traceback" not in out, out
+    kept = re.search(r"stopped by SIGTERM: kept (\S+)/step-(\d+) \(the newest checkpoint\) and metrics.jsonl up to "
+                     r"step (\d+); the same command resumes from step (\d+)", out)
+    assert kept, out
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")] == []
+    newest = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
+    assert int(kept.group(2)) == int(kept.group(4)) == newest
+
+
+@pytest.mark.slow
+def test_sigint_with_checkpoint_on_signal_finishes_the_step_and_resumes(tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log"
+    args = ["train", "quickstart", *FAST, "train.checkpoint_on_signal=true", f"train.output_dir={run}"]
+    proc = _start(log, *args, "train.steps=100")  # save_steps 0: no checkpoint before the end
+    _wait_until(lambda: len(_metric_steps(run)) >= 1, proc, log)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 128 + signal.SIGINT
+    out = log.read_text()
+    assert "Traceback" not in out, out
+    last = _steps(run)[-1]
+    assert f"stopped by SIGINT: kept {run / 'checkpoints' / f'step-{last}'} (the newest checkpoint) and " \
+           f"metrics.jsonl up to step {last}; the same command resumes from step {last}" in out, out
+    before = (run / "metrics.jsonl").read_text()
+
+    again = run_grpo(*args, f"train.steps={last + 1}", env=ENV, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (run / "metrics.jsonl").read_text().startswith(before) and _steps(run)[-1] == last + 1
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_two_process_run_checkpoints_the_step_and_stops_every_process(tmp_path):
+    run, log = tmp_path / "run", tmp_path / "log"
+    proc = _start(log, "train", "quickstart", *FAST, "train.steps=100", "train.num_processes=2",
+                  "train.checkpoint_on_signal=true", f"train.output_dir={run}")
+    _wait_until(lambda: len(_metric_steps(run)) >= 1, proc, log)
+    proc.send_signal(signal.SIGTERM)  # to `grpo train`: it passes it on to the launcher and the workers
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    out = log.read_text()
+    assert "Traceback" not in out and out.count("stopped by SIGTERM") == 1, out
+    last = _steps(run)[-1]
+    assert f"kept {run / 'checkpoints' / f'step-{last}'} (the newest checkpoint)" in out, out
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{last}"]
+    deadline = time.monotonic() + 30
+    while _processes_of(run) and time.monotonic() < deadline:  # the workers exit with their launcher
+        time.sleep(0.2)
+    assert _processes_of(run) == []
+
+
+def _processes_of(run: Path) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run).encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
