@@ -37,20 +37,22 @@ def run_export(source: str, out_dir: str, *, base_model: str | None = None) -> P
     """Resolve the checkpoint, check OUT_DIR, then load, merge and write; returns OUT_DIR."""
     from rich.console import Console
 
-    from grpocli.evaluation.targets import resolve_checkpoint
+    from grpocli.evaluation.targets import resolve_checkpoint, while_reading
     from grpocli.models.export import checkpoint_model, export_model
 
     notes = Console(stderr=True, highlight=False, soft_wrap=True)
-    target = resolve_checkpoint(source, where="grpo export RUN_OR_CHECKPOINT")
+    where = "grpo export RUN_OR_CHECKPOINT"
+    target = resolve_checkpoint(source, where=where)
     out = Path(out_dir).expanduser()
     check_out_dir(out)
-    model = checkpoint_model(target.path, base=base_model, where="grpo export RUN_OR_CHECKPOINT")
-    for note in (target.note, model.note):
-        if note:
-            notes.print(f"note: {note}")
-    kind = "LoRA adapters merged into their base" if model.adapter else "full weights"
-    notes.print(f"exporting {target.path} ({kind}) to {out}")
-    export_model(model, out, where="grpo export RUN_OR_CHECKPOINT")
+    with while_reading(target, "grpo export", where):  # a run still training may prune it meanwhile
+        model = checkpoint_model(target.path, base=base_model, where=where)
+        for note in (target.note, model.note):
+            if note:
+                notes.print(f"note: {note}")
+        kind = "LoRA adapters merged into their base" if model.adapter else "full weights"
+        notes.print(f"exporting {target.path} ({kind}) to {out}")
+        export_model(model, out, where=where)
     notes.print(f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r}), "
                 f"vLLM, or `grpo vllm-serve --model {out}`")
     return out

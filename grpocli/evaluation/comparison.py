@@ -23,14 +23,13 @@ from grpocli.errors import UserError
 from grpocli.evaluation.evaluator import EvalSettings, eval_sampling, evaluate
 from grpocli.evaluation.records import eval_dir, write_eval
 from grpocli.evaluation.report import comparison_table
-from grpocli.evaluation.targets import Target, resolve_targets
+from grpocli.evaluation.targets import Target, resolve_targets, while_reading
 from grpocli.models.export import (
     CheckpointModel,
     checkpoint_model,
     is_adapter,
     open_model,
 )
-from grpocli.rundir import RunDir
 
 if TYPE_CHECKING:
     from grpocli.generation.base import Sampling
@@ -146,24 +145,9 @@ def model_section_for(model: ModelSection, target: Target) -> ModelSection:
 
 
 def _open_checked(target: Target, model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
-    """`_open_backend`, where a checkpoint that vanished since it was chosen (a run still training
-    prunes old ones: train.save_total_limit) is said to be gone, not a hub id to download."""
-    gone = target.path is not None and not target.path.is_dir()
-    if not gone:
-        try:
-            return _open_backend(model, r, sampling)
-        except Exception:
-            if target.path is None or target.path.is_dir():
-                raise
-    run = RunDir(target.run_root) if target.run_root is not None else None
-    now = ", ".join(p.name for _, p in run.list_checkpoints()) if run is not None else ""
-    raise UserError(
-        f"the checkpoint {target.path} was removed while grpo eval was reading it (a run that is still "
-        "training deletes older checkpoints when train.save_total_limit is set)", where="--checkpoint",
-        valid=f"checkpoints of the run now: {now}" if now else "a checkpoint directory that stays in place",
-        hint=f"copy it first (cp -r {target.path} /tmp/{target.path.name}) and evaluate the copy, or give the "
-        f"run directory{f' ({run.root})' if run is not None else ''} to take its newest checkpoint",
-    ) from None
+    """`_open_backend`, where a checkpoint that vanished since it was chosen is said to be gone."""
+    with while_reading(target, "grpo eval", "--checkpoint"):
+        return _open_backend(model, r, sampling)
 
 
 def _open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:

@@ -9,6 +9,8 @@ checkpoints of its run. No torch here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,32 @@ class Target:
     path: Path | None       # None: the recipe's model.name_or_path
     run_root: Path | None   # the run directory a checkpoint belongs to
     note: str = ""
+
+
+@contextlib.contextmanager
+def while_reading(target: Target, command: str, where: str) -> Iterator[None]:
+    """Reading ``target``'s checkpoint: one that is removed meanwhile (a run still training prunes
+    old ones: train.save_total_limit) is said to be gone, not a traceback or a hub id to download."""
+    if target.path is not None and not target.path.is_dir():
+        raise _gone(target, command, where)
+    try:
+        yield
+    except Exception:
+        if target.path is None or target.path.is_dir():
+            raise
+        raise _gone(target, command, where) from None
+
+
+def _gone(target: Target, command: str, where: str) -> UserError:
+    run = RunDir(target.run_root) if target.run_root is not None else None
+    now = ", ".join(p.name for _, p in run.list_checkpoints()) if run is not None else ""
+    return UserError(
+        f"the checkpoint {target.path} was removed while {command} was reading it (a run that is still "
+        "training deletes older checkpoints when train.save_total_limit is set)", where=where,
+        valid=f"checkpoints of the run now: {now}" if now else "a checkpoint directory that stays in place",
+        hint=f"copy it first (cp -r {target.path} /tmp/{target.path.name}) and use the copy, or give the "
+        f"run directory{f' ({run.root})' if run is not None else ''} again to take its newest checkpoint",
+    )
 
 
 def resolve_targets(checkpoints: list[str], *, base: bool) -> list[Target]:

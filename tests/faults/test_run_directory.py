@@ -199,3 +199,28 @@ def _processes_of(run: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@pytest.mark.slow
+def test_export_eval_and_inspect_read_a_run_that_prunes_its_checkpoints_as_they_read(tmp_path):
+    """A live run writes a checkpoint every step and keeps one (each is pruned about a second after
+    it is written) while the commands that read a run read it: each ends well (exit 0), or says the
+    checkpoint it read was removed meanwhile (exit 2): never a traceback."""
+    run, log = tmp_path / "run", tmp_path / "log"
+    proc = _start(log, "train", "quickstart", *FAST, "train.steps=1000", "train.save_steps=1",
+                  "train.save_total_limit=1", f"train.output_dir={run}")
+    try:
+        _wait_until(lambda: (run / "checkpoints" / "step-2").is_dir(), proc, log)
+        readers = [["export", str(run), str(tmp_path / f"out{i}")] for i in range(3)]
+        readers += [["inspect", str(run)], ["eval", "quickstart", *FAST[:4], "--checkpoint", str(run), "--n", "2",
+                                           "--num-prompts", "2", "--max-tokens", "4", "--output-dir", str(tmp_path / "ev")]]
+        for args in readers:
+            done = run_grpo(*args, env=ENV, timeout=300)
+            assert done.returncode in (0, 2) and "Traceback" not in done.stderr, (args, done.stderr[-3000:])
+            if done.returncode == 2:
+                assert "was removed while grpo" in done.stderr and "checkpoints of the run now" in done.stderr, \
+                    done.stderr[-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]  # the run went on meanwhile
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
