@@ -57,7 +57,7 @@ class VllmSection(Section):
         f"vllm_importance_sampling_mode). {described(IMPORTANCE_SAMPLING_MODES)}.",
     )
     importance_sampling_clip_max: float | None = Field(
-        2.0, gt=0.0,
+        2.0, gt=0.0, allow_inf_nan=True,
         description="Upper bound C_max of the ratio (TRL's vllm_importance_sampling_clip_max, default 3.0 "
         "there; ours 2.0): '*_truncate' clamps above it, '*_mask' zeroes above it. None or inf (TOML: inf): no bound.",
     )
