@@ -22,6 +22,8 @@ MAX_SEED = 2**31 - 1
 #: num_generations). Rollouts, rewards and log-probs of a batch are all held at once; 2**20 is
 #: over a hundred times the largest published GRPO batches (thousands of completions).
 MAX_COMPLETIONS_PER_BATCH = 2**20
+#: Largest |weight| of a reward (typical weights are 0.1 to 10).
+MAX_ABS_REWARD_WEIGHT = 1e6
 #: Largest |reward| (and |weight x reward| summed): rewards become float32 tensors (largest
 #: 3.4e38) whose standard deviation squares them, and Python's statistics.stdev overflows at 1e154;
 #: 1e12 leaves room for a million squares of that size.

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpocli.recipe.algorithm_section import AlgorithmSection
 from grpocli.recipe.bounds import (
+    MAX_ABS_REWARD_WEIGHT,
     MAX_COMPLETIONS_PER_BATCH,
     MAX_SEED,
     MAX_TOP_K,
@@ -124,7 +125,9 @@ class RewardSpec(Section):
         "'module.path:function' or 'path/to/file.py:function', or a reward model: a local directory "
         "with a sequence-classification checkpoint (as TRL's reward_funcs)."
     )
-    weight: float = Field(1.0, description="Weight of this reward in the total.")
+    weight: float = Field(
+        1.0, ge=-MAX_ABS_REWARD_WEIGHT, le=MAX_ABS_REWARD_WEIGHT, description="Weight of this reward in the total."
+    )
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the reward function."
     )
