@@ -22,7 +22,10 @@ class VllmSection(Section):
         description="Where `grpo vllm-serve` listens: one URL, or several (a TOML array, or comma-separated "
         "on the command line) for a fleet: prompts are spread over them by whole groups, weights go to all.",
     )
-    server_timeout: float = Field(240.0, gt=0.0, description="Seconds to wait for the server.")
+    server_timeout: float = Field(
+        240.0, gt=0.0, le=86400.0, description="Seconds to wait for the server (at most a day: a socket timeout "
+        "past the platform's time_t overflows)."
+    )
     drop_failed_servers: bool = Field(
         False, description="With several server_url: a server that dies, times out or answers 5xx during "
         "training is dropped (a warning, metric vllm/servers_dropped) and its prompts re-sent to the others; "
