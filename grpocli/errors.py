@@ -6,7 +6,17 @@ Every command catches `UserError`, prints it without a traceback and exits with 
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable
+
+#: Code points named at most, for a name full of look-alikes.
+LOOKALIKES_SHOWN = 4
+#: Cyrillic and Greek letters that print like ASCII ones (Unicode's confusables, the common part),
+#: so that a name typed with them still finds the key it imitates.
+ASCII_LOOKALIKES = str.maketrans(
+    "аеорсухѕіјԁһӏАВЕКМНОРСТХЅІЈαεικνορτυχΑΒΕΗΙΚΜΝΟΡΤΥΧΖ",
+    "aeopcyxsijdhlABEKMHOPCTXSIJaeikvoptuxABEHIKMNOPTYXZ",
+)
 
 
 class UserError(Exception):
@@ -38,9 +48,22 @@ class UserError(Exception):
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """' (did you mean "x"?)' for the closest candidate, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f' (did you mean "{close[0]}"?)' if close else ""
+    """' (did you mean "x"?)' for the closest candidate, or '' when none is close. Where ``name``
+    holds characters that are not ASCII and the candidate lacks (a Cyrillic "е" typed for "e"
+    looks the same), those are named by position and code point, since the two print alike."""
+    candidates = list(candidates)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6) or difflib.get_close_matches(
+        name.translate(ASCII_LOOKALIKES), candidates, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    odd = [(i, c) for i, c in enumerate(name) if not c.isascii() and c not in close[0]]
+    if not odd:
+        return f' (did you mean "{close[0]}"?)'
+    named = ", ".join(f"{c!r} U+{ord(c):04X} {unicodedata.name(c, 'unnamed')} at position {i + 1}"
+                      for i, c in odd[:LOOKALIKES_SHOWN])
+    more = f" and {len(odd) - LOOKALIKES_SHOWN} more" if len(odd) > LOOKALIKES_SHOWN else ""
+    return (f' (did you mean "{close[0]}"? {name!r} holds non-ASCII characters that look like ASCII ones: '
+            f"{named}{more}; retype it in ASCII)")
 
 
 class Stopped(BaseException):

@@ -8,11 +8,13 @@ see datasets' "data_files" pattern resolution).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpocli.data.columns import mixed_type, mixed_type_error
 from grpocli.data.defects import check_load_args, check_text, explain
 from grpocli.errors import UserError
 
@@ -55,6 +57,7 @@ def load_local(split: str, seed: int, *, path: str, **load_args: Any) -> dataset
         raise explain([file], exc, load_args) from None
     if len(dataset) == 0 and builder == "csv":  # a header and no rows, where datasets allows it
         raise explain([file], ValueError("the file has no rows"), load_args)
+    _check_one_type(dataset, [file], load_args)
     return dataset
 
 
@@ -63,11 +66,12 @@ def _load_directory(directory: Path, split: str, load_args: dict[str, Any]) -> d
 
     check_load_args(None, load_args, directory)
     files = _data_files(directory)
+    _check_one_file_type(directory, files)
     for file in files:
         check_text(file, load_args)
     try:
         with _reader_logs_quiet():
-            return datasets.load_dataset(str(directory), split=split, **load_args)
+            dataset = datasets.load_dataset(str(directory), split=split, **load_args)
     except ValueError as exc:
         if "split" not in str(exc).lower():
             raise explain(files, exc, load_args) from None
@@ -79,6 +83,67 @@ def _load_directory(directory: Path, split: str, load_args: dict[str, Any]) -> d
         ) from None
     except Exception as exc:  # noqa: BLE001 (the reader's failure on one of the files)
         raise explain(files, exc, load_args) from None
+    _check_one_type(dataset, files, load_args)
+    return dataset
+
+
+def _check_one_file_type(directory: Path, files: list[Path]) -> None:
+    """`datasets` reads a directory with the reader of its most common file type and skips the
+    files of any other type without a word (a test.csv beside train.jsonl is never read)."""
+    kinds: dict[str, list[Path]] = {}
+    for file in files:
+        kinds.setdefault(BUILDERS[file.suffix.lower()], []).append(file)
+    if len(kinds) < 2:
+        return
+    found = "; ".join(f"{builder}: {', '.join(str(f.relative_to(directory)) for f in group[:4])}"
+                      + (f" and {len(group) - 4} more" if len(group) > 4 else "")
+                      for builder, group in sorted(kinds.items()))
+    raise UserError(
+        f"the data directory {str(directory)!r} holds files of {len(kinds)} types ({found}); `datasets` would "
+        "read one type and silently skip the others",
+        where="data.dataset",
+        valid="a directory of one file type (.jsonl and .json count as one), named by split: train.jsonl, "
+        "test.jsonl",
+        hint="convert the odd files to the type of the others, or move them out; or name one file per split "
+        'with data.dataset = "data/{split}.jsonl"',
+    )
+
+
+def _check_one_type(dataset: datasets.Dataset, files: list[Path], load_args: dict[str, Any]) -> None:
+    """A column that mixes types (which `datasets` keeps as JSON text, reading "1" back as 1), named
+    by file, line and row as the JSON files hold it (only read where such a column was found)."""
+    if not any(type(f).__name__ == "Json" for f in dataset.features.values()):
+        return
+    encoding = load_args.get("encoding") or "utf-8"
+    for file in files:
+        if BUILDERS.get(file.suffix.lower()) != "json":
+            continue
+        rows, lines = _json_rows(file, encoding)
+        found = mixed_type(rows)
+        if found is not None:
+            raise mixed_type_error(found, str(file), line_of=lines)
+
+
+def _json_rows(file: Path, encoding: str) -> tuple[list[dict[str, Any]], dict[int, int] | None]:
+    """The objects of a JSON file (a list, or one per line) and, for JSON Lines, the line of each."""
+    text = file.read_text(encoding=encoding, errors="replace")
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, list):
+        return [r for r in whole if isinstance(r, dict)], None
+    rows, lines = [], {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue  # `datasets` read the file, so this is not a row it holds
+            if isinstance(value, dict):
+                lines[len(rows)] = number
+                rows.append(value)
+    return rows, lines
 
 
 def _data_files(directory: Path) -> list[Path]:

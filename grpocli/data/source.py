@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpocli.data.columns import check_prompts, mixed_type, mixed_type_error
 from grpocli.data.files import BUILDERS
 from grpocli.errors import UserError
 from grpocli.registry.contracts import DATASET, Resolved, check
@@ -47,6 +48,7 @@ def load_dataset_for(
             where="data.dataset",
             hint="check the file or data.args (num_samples)",
         )
+    check_prompts(dataset, data, f"data.dataset {data.dataset!r}, split {split!r}")  # every row, now
     return dataset
 
 
@@ -112,6 +114,10 @@ def _as_dataset(loaded: Any, entry: Entry) -> datasets.Dataset:
     if isinstance(loaded, datasets.Dataset):
         return loaded
     if isinstance(loaded, (list, tuple)) and all(isinstance(r, dict) for r in loaded):
+        found = mixed_type(loaded)  # arrow refuses these with its own traceback, or keeps them as JSON text
+        if found is not None:
+            raise mixed_type_error(found, f"data.dataset (loader {entry.name!r} from plugin {entry.plugin}, "
+                                   f"{entry.distribution})")
         return datasets.Dataset.from_list(list(loaded))
     raise UserError(
         f"dataset loader {entry.name!r} returned {type(loaded).__name__}",

@@ -48,8 +48,8 @@ def build_messages(row: dict[str, Any], data: DataSection) -> Messages:
     value = row[data.prompt_column]
     if isinstance(value, str):
         return system + [{"role": "user", "content": value}]
-    if _is_messages(value):
-        has_system = bool(value) and value[0].get("role") == "system"
+    if _is_messages(value) and value:
+        has_system = value[0].get("role") == "system"
         return [dict(m) for m in value] if has_system else system + [dict(m) for m in value]
     raise UserError(
         f"prompt column {data.prompt_column!r} holds {type(value).__name__} ({str(value)[:60]!r})",
@@ -80,7 +80,7 @@ def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool) -
 def render_row(row: dict[str, Any], data: DataSection, tokenizer: Any) -> dict[str, Any]:
     """The row with ``prompt`` (for rewards) and ``prompt_text`` (for the policy) set."""
     messages = build_messages(row, data)
-    prompt = row.get(data.prompt_column, messages[-1]["content"])
+    prompt = row[data.prompt_column] if data.prompt_column in row else messages[-1]["content"]
     text = render_prompt(messages, tokenizer, uses_chat_template(row, data))
     return {**row, "prompt": prompt, "prompt_text": text}
 

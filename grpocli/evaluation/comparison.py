@@ -21,7 +21,7 @@ from rich.console import Console
 
 from grpocli.errors import UserError
 from grpocli.evaluation.evaluator import EvalSettings, eval_sampling, evaluate
-from grpocli.evaluation.records import eval_dir, write_eval
+from grpocli.evaluation.records import check_writable, eval_dir, write_eval
 from grpocli.evaluation.report import comparison_table
 from grpocli.evaluation.targets import Target, resolve_targets, while_reading
 from grpocli.models.export import (
@@ -80,6 +80,8 @@ def run_eval(
     count = num_prompts if num_prompts is not None else ev.num_prompts
     count = len(dataset) if count in (0, None) else min(count, len(dataset))
     root = _eval_root(output_dir or ev.output_dir, targets, resolved)
+    check_writable(root, "--output-dir" if output_dir else "eval.output_dir" if ev.output_dir else
+                   "--output-dir (default: the run's eval/)")
     if r.tools or r.multi_turn.environment:  # evaluation is single-turn: say so, not silently
         notes.print("note: the recipe trains with tools ([[tools]] / multi_turn.environment); grpo eval "
                     "samples single-turn completions without them, so its scores are of answers written "

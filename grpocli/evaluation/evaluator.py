@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from grpocli.errors import UserError
 from grpocli.evaluation.answers import extract_answer
 from grpocli.evaluation.estimators import majority_at_n, mean_at_n, pass_at_k
+from grpocli.recipe.bounds import MIN_TEMPERATURE
 from grpocli.rewards import Scores, reward_metrics, score
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ def eval_sampling(recipe: Recipe, *, temperature: float | None = None, top_p: fl
 
 def check_sampling_flags(*, temperature: float | None, top_p: float | None, max_tokens: int | None) -> None:
     """The bounds of [eval]'s keys, for the `grpo eval` flags that override them."""
-    if temperature is not None and not 0.0 < temperature <= 10.0:
+    if temperature is not None and not MIN_TEMPERATURE <= temperature <= 10.0:
         raise UserError(f"--temperature {temperature:g} is out of range", where="--temperature",
-                        valid="0 < temperature <= 10", hint="--temperature 0.6")
+                        valid=f"{MIN_TEMPERATURE} <= temperature <= 10", hint="--temperature 0.6")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise UserError(f"--top-p {top_p:g} is out of range", where="--top-p",
                         valid="0 < top_p <= 1", hint="--top-p 0.95")

@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from grpocli.errors import UserError
+
 SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -24,6 +26,23 @@ UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 def eval_dir(root: Path, label: str, split: str) -> Path:
     return Path(root) / f"{UNSAFE.sub('_', label)}-{UNSAFE.sub('_', split)}"
+
+
+def check_writable(root: Path, where: str) -> None:
+    """Create ``root`` and a file in it now, so that a place grpo eval cannot write (read-only, not
+    permitted, a file in the way) is named before any model loads or samples, not after sampling."""
+    probe = Path(root) / ".grpo-write-probe"
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(
+            f"cannot write the evaluation into {root}: {exc.strerror or exc}"
+            + (f" ({exc.filename})" if exc.filename and str(exc.filename) != str(probe) else ""),
+            where=where, valid="a directory this user can create files in",
+            hint="pass --output-dir DIR (or set eval.output_dir) to a writable place, e.g. --output-dir /tmp/eval",
+        ) from None
 
 
 def write_eval(directory: Path, samples: list[dict[str, Any]], summary: dict[str, Any]) -> Path:

@@ -18,6 +18,7 @@ from grpocli.algorithms.variants import (
     described,
     loss_aliases,
 )
+from grpocli.recipe.bounds import MAX_ABS_REWARD
 from grpocli.recipe.section import FREE_ON_RESUME, Section
 
 #: Other names accepted for a loss (verl's loss_agg_mode names, where they coincide with ours).
@@ -38,7 +39,10 @@ class OverlongPenalty(Section):
     buffer_length: int = Field(
         0, ge=0, description="DAPO soft overlong punishment: length buffer in tokens (0: off)."
     )
-    penalty: float = Field(1.0, ge=0.0, description="Largest penalty, reached at the maximum length.")
+    penalty: float = Field(
+        1.0, ge=0.0, le=MAX_ABS_REWARD, description="Largest penalty, reached at the maximum length (it is added "
+        "to the reward, so it has the rewards' bound)."
+    )
 
 
 class AlgorithmSection(Section):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from grpocli.recipe.bounds import MIN_TEMPERATURE
 from grpocli.recipe.section import Section
 
 
@@ -32,7 +33,8 @@ class EvalSection(Section):
         None, description="Judge success by this reward's value instead of the weighted total."
     )
     temperature: float | None = Field(
-        None, gt=0.0, le=10.0, description="Sampling temperature of evaluation (default: generation.temperature)."
+        None, ge=MIN_TEMPERATURE, le=10.0,
+        description="Sampling temperature of evaluation (default: generation.temperature)."
     )
     top_p: float | None = Field(
         None, gt=0.0, le=1.0, description="Nucleus sampling threshold of evaluation (default: generation.top_p)."

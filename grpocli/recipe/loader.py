@@ -1,12 +1,19 @@
 """Load a recipe: defaults < recipe file < GRPO_SECTION__KEY env vars < `section.key=value` args.
 
+Arguments and environment variables are read the same way: the value as a TOML value
+(`50`, `2e-6`, `true`, `"text"`, `[1, 2]`, `{num_samples = 10}`), else as JSON (lists and
+tables as JSON, e.g. `{"num_samples": 10}`), else as the text itself; the schema then checks its
+type strictly (`true` is no integer), and an error names the variable or argument it came from.
+
 Every value remembers where it came from (`Resolved.sources`), so errors and
 `grpo inspect recipe` can say "train.steps = 3 (argument train.steps=3)".
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,13 +21,13 @@ from typing import Any
 import tomli_w
 import tomllib
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import EnvSettingsSource
 
 from grpocli.errors import UserError, did_you_mean
 from grpocli.recipe import catalog
 from grpocli.recipe.schema import Recipe
 
 DEFAULT = "default"
+ENV_PREFIX = "GRPO_"
 
 
 @dataclass
@@ -106,19 +113,28 @@ def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _parse_value(raw: str) -> Any:
+    """A TOML value; else JSON (a list or table as JSON); else the text itself (a bare word)."""
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        parsed = tomllib.loads(f"v = {raw}")
+        if list(parsed) == ["v"]:  # a newline in the value may not add keys of its own
+            return parsed["v"]
     except tomllib.TOMLDecodeError:
-        return raw  # a bare word: a string
+        pass
+    if raw[:1] in "[{":
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass
+    return raw
 
 
-def _set_dotted(target: dict[str, Any], parts: list[str], value: Any) -> None:
+def _set_dotted(target: dict[str, Any], parts: list[str], value: Any, where: str = "command line") -> None:
     for part in parts[:-1]:
         nxt = target.setdefault(part, {})
         if not isinstance(nxt, dict):
             raise UserError(
                 f"{'.'.join(parts)} sets a key inside {part!r}, which already has a value",
-                where="command line",
+                where=where,
             )
         target = nxt
     target[parts[-1]] = value
@@ -170,15 +186,28 @@ def _decode_utf8(raw: bytes, path: Path) -> str:
         ) from None
 
 
-def _env_values() -> dict[str, Any]:
-    try:
-        return EnvSettingsSource(Recipe, env_prefix="GRPO_", env_nested_delimiter="__")()
-    except Exception as exc:  # a complex value that is not JSON
-        raise UserError(
-            f"cannot read a GRPO_* environment variable: {exc}",
-            where="environment",
-            valid="GRPO_SECTION__KEY=value, e.g. GRPO_TRAIN__STEPS=50; lists and tables as JSON",
-        ) from None
+def _env_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The GRPO_SECTION__KEY variables (any case; ``__`` between the parts of a dotted key) whose
+    first part is a recipe section, as nested values read like arguments (``_parse_value``). A
+    value that does not parse stays text, so the schema names the variable it came from; other
+    GRPO_* variables (GRPO_VLLM_API_KEY, GRPO_PLUGINS, ...) are not recipe keys and are left alone."""
+    sections = set(Recipe.model_fields)
+    out: dict[str, Any] = {}
+    for name, raw in sorted((os.environ if environ is None else environ).items()):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX):].lower().split("__")
+        if parts[0] not in sections:
+            continue
+        if any(not part for part in parts):
+            raise UserError(
+                f"cannot read the environment variable {name}: an empty key between its '__'",
+                where=f"env {name}",
+                valid="GRPO_SECTION__KEY=value, e.g. GRPO_TRAIN__STEPS=50 or GRPO_MODEL__TINY__NUM_LAYERS=2",
+                hint=f"rename it, or `unset {name}`",
+            )
+        _set_dotted(out, parts, _parse_value(raw.strip()), where=f"env {name}")
+    return out
 
 
 def _merge(dst: dict, sources: dict[str, str], src: dict, label: str, prefix: str) -> None:

@@ -15,6 +15,14 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpocli.recipe.algorithm_section import AlgorithmSection
+from grpocli.recipe.bounds import (
+    MAX_ABS_REWARD_WEIGHT,
+    MAX_COMPLETIONS_PER_BATCH,
+    MAX_SEED,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MIN_TEMPERATURE,
+)
 from grpocli.recipe.eval_section import EvalSection
 from grpocli.recipe.section import FREE_ON_RESUME, Section
 from grpocli.recipe.tools_section import MultiTurnSection, ToolSpec
@@ -121,7 +129,9 @@ class RewardSpec(Section):
         "'module.path:function' or 'path/to/file.py:function', or a reward model: a local directory "
         "with a sequence-classification checkpoint (as TRL's reward_funcs)."
     )
-    weight: float = Field(1.0, description="Weight of this reward in the total.")
+    weight: float = Field(
+        1.0, ge=-MAX_ABS_REWARD_WEIGHT, le=MAX_ABS_REWARD_WEIGHT, description="Weight of this reward in the total."
+    )
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the reward function."
     )
@@ -179,11 +189,17 @@ class GenerationSection(Section):
 
         return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     max_completion_length: int = Field(64, ge=1, le=131072, description="Longest completion in tokens.")
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    temperature: float = Field(
+        1.0, ge=MIN_TEMPERATURE, le=10.0,
+        description=f"Sampling temperature (at least {MIN_TEMPERATURE}: below it sampling is greedy in effect, and "
+        "near 0 the sampler's probabilities are NaN).",
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling (0: off).")
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="Top-k sampling (0: off).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling (0: off).")
-    repetition_penalty: float = Field(1.0, gt=0.0, description="Repetition penalty (1: off).")
+    repetition_penalty: float = Field(
+        1.0, ge=MIN_REPETITION_PENALTY, description="Repetition penalty (1: off; logits are divided by it)."
+    )
     stop: list[str] = Field(default_factory=list, description="Strings that end a completion.")
     async_steps: int = Field(
         0, ge=0, le=16, description="Generate this many steps ahead while training (0: on-policy)."
@@ -203,7 +219,9 @@ class TrainSection(Section):
     )
     steps: int = Field(100, ge=1, description="Optimizer steps.", json_schema_extra=FREE_ON_RESUME)
     prompts_per_step: int = Field(
-        8, ge=1, description="Prompts per optimizer step, over all processes (x G completions)."
+        8, ge=1, le=65536, description="Prompts per optimizer step, over all processes (x G completions); at most "
+        "the rows of the training split per generation batch, and at most "
+        f"{MAX_COMPLETIONS_PER_BATCH} completions in one.",
     )
     steps_per_generation: int = Field(
         1, ge=1, le=64, description="Optimizer steps per generation batch (generation batch = this x step)."
@@ -223,7 +241,7 @@ class TrainSection(Section):
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
     max_grad_norm: float = Field(1.0, ge=0.0, description="Gradient clipping norm (0: off).")
-    seed: int = Field(0, ge=0, description="Seed for data order, sampling and initialization.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for data order, sampling and initialization.")
     torch_threads: int | None = Field(
         None, ge=1, le=1024,
         description="CPU threads torch uses per process (default: torch's own choice). 1 is much faster "
@@ -363,6 +381,21 @@ class Recipe(BaseSettings):
                 f"train.prompts_per_step = {t.prompts_per_step} must divide evenly over "
                 f"train.num_processes = {t.num_processes} (each process samples whole groups); "
                 f"valid prompts_per_step: multiples of {t.num_processes}"
+            )
+        completions = t.prompts_per_step * t.steps_per_generation * self.generation.num_generations
+        if completions > MAX_COMPLETIONS_PER_BATCH:
+            raise ValueError(
+                f"one generation batch would hold {completions} completions (train.prompts_per_step = "
+                f"{t.prompts_per_step} x train.steps_per_generation = {t.steps_per_generation} x "
+                f"generation.num_generations = {self.generation.num_generations}), all in memory at once; "
+                f"valid: at most {MAX_COMPLETIONS_PER_BATCH}"
+            )
+        buffer = self.algorithm.overlong_penalty.buffer_length
+        if buffer > self.generation.max_completion_length:
+            raise ValueError(
+                f"algorithm.overlong_penalty.buffer_length = {buffer} is longer than "
+                f"generation.max_completion_length = {self.generation.max_completion_length} (the penalty "
+                "ramps over the last buffer_length tokens of a completion); valid: at most max_completion_length"
             )
         if not self.rewards:
             raise ValueError("at least one [[rewards]] entry is needed")

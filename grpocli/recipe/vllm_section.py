@@ -24,7 +24,8 @@ class VllmSection(Section):
         json_schema_extra=FREE_ON_RESUME,
     )
     server_timeout: float = Field(
-        240.0, gt=0.0, description="Seconds to wait for the server.",
+        240.0, gt=0.0, le=86400.0, description="Seconds to wait for the server (at most a day: a socket timeout "
+        "past the platform's time_t overflows).",
         json_schema_extra=FREE_ON_RESUME,
     )
     drop_failed_servers: bool = Field(
@@ -70,7 +71,7 @@ class VllmSection(Section):
         f"vllm_importance_sampling_mode). {described(IMPORTANCE_SAMPLING_MODES)}.",
     )
     importance_sampling_clip_max: float | None = Field(
-        2.0, gt=0.0,
+        2.0, gt=0.0, allow_inf_nan=True,
         description="Upper bound C_max of the ratio (TRL's vllm_importance_sampling_clip_max, default 3.0 "
         "there; ours 2.0): '*_truncate' clamps above it, '*_mask' zeroes above it. None or inf (TOML: inf): no bound.",
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from grpocli.errors import UserError
+from grpocli.recipe.bounds import MAX_ABS_REWARD
 from grpocli.rewards import invocation
 from grpocli.rewards.arguments import RESERVED, check_reward_args
 from grpocli.rewards.invocation import (
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     from grpocli.recipe.schema import RewardSpec
     from grpocli.registry import Registry
 
-VALID_VALUES = "a list (or 1-D array) with one float, int, bool or None per completion, e.g. [1.0, 0.0, None]"
+VALID_VALUES = (f"a list (or 1-D array) with one float, int, bool or None per completion, each within "
+                f"+-{MAX_ABS_REWARD:g}, e.g. [1.0, 0.0, None]")
 MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
 MAX_SECONDS_TO_LOCATE = 30.0
 
@@ -169,6 +171,7 @@ def score(
             per_reward[rf.name] = _check_values(i, rf, outcome, len(completions))
     weights, gates = [rf.weight for rf in fns], [rf.gate for rf in fns]
     total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
+    _check_totals(fns, per_reward, total)
     return Scores(per_reward, total, errors, log)
 
 
@@ -285,8 +288,25 @@ def _check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | Non
             raise bad(f"{_short(value)} ({type(value).__name__}) at row {row}")
         if number is not None and math.isinf(number):
             raise bad(f"{number} at row {row}; infinite rewards make every advantage NaN")
+        if number is not None and abs(number) > MAX_ABS_REWARD:
+            raise bad(f"{number:g} at row {row}, beyond +-{MAX_ABS_REWARD:g}: rewards are squared for their standard "
+                      "deviation (in float32 for the advantages), which overflows")
         out.append(None if number is None or math.isnan(number) else number)
     return out
+
+
+def _check_totals(fns: list[RewardFn], per_reward: dict[str, list[float | None]], total: list[float]) -> None:
+    """The weighted sums stay finite and within +-MAX_ABS_REWARD (each reward does; its weight may not)."""
+    for row, value in enumerate(total):
+        if math.isfinite(value) and abs(value) <= MAX_ABS_REWARD:
+            continue
+        parts = ", ".join(f"{rf.name}: {rf.weight:g} x {per_reward[rf.name][row]}" for rf in fns)
+        raise UserError(
+            f"the weighted total reward of row {row} is {value:g} ({parts}), beyond +-{MAX_ABS_REWARD:g}: its "
+            "standard deviation over the group overflows", where="rewards[].weight",
+            valid=f"weights and rewards whose weighted sum stays within +-{MAX_ABS_REWARD:g}",
+            hint="lower the weights of the large rewards (or scale the rewards themselves)",
+        )
 
 
 def _number(value: Any) -> float | None | Literal[False]:

@@ -5,6 +5,7 @@ can call it with what it will pass (grpocli.registry.contracts)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,6 +54,7 @@ def preflight(recipe: Recipe) -> Checked:
     # hookspecs.DatasetLoader, checked before the loader is called:
     dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
     _check_eval_split(recipe, plugins)
+    _check_batch_fits(recipe, len(dataset))  # a warning
     row_columns = sorted(set(dataset.column_names) | {"prompt"})  # a row as the trainer hands it on
     if toolbox is not None:
         check_environment(toolbox, row_columns)  # hookspecs.Environment: reset(**row), get_reward()
@@ -71,6 +73,22 @@ def _check_eval_split(recipe: Recipe, plugins: Plugins) -> None:
         return
     if resolve(recipe.data, plugins.datasets)[0].name == "local":
         load_dataset_for(recipe.data, plugins.datasets, split, recipe.train.seed)
+
+
+def _check_batch_fits(recipe: Recipe, rows: int) -> None:
+    """Warn where a generation batch asks more prompts than the split has rows: each row then comes
+    several times in one batch, which is allowed (a tiny file to try a recipe on) but rarely meant.
+    Its size in memory is bounded by the schema (train.prompts_per_step, MAX_COMPLETIONS_PER_BATCH)."""
+    t = recipe.train
+    wanted = t.prompts_per_step * t.steps_per_generation
+    if wanted <= rows:
+        return
+    what = (f"train.prompts_per_step = {wanted}" if t.steps_per_generation == 1 else
+            f"train.prompts_per_step x train.steps_per_generation = {t.prompts_per_step} x {t.steps_per_generation} "
+            f"= {wanted}")
+    print(f"warning: {what} prompts per generation batch, but split {recipe.data.split!r} of data.dataset has "
+          f"{rows} rows, so each row comes {wanted / rows:.1f} times in one batch; lower train.prompts_per_step or "
+          "give the dataset more rows (data.args.num_samples for a generated one)", file=sys.stderr, flush=True)
 
 
 def _curriculum(recipe: Recipe, plugins: Plugins) -> Callable[..., Any] | None:

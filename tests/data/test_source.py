@@ -135,3 +135,16 @@ def test_loader_may_return_rows_but_not_anything():
     assert err.value.where == "plugin acme (acme-datasets)"
     with pytest.raises(UserError, match="no rows"):
         load_dataset_for(data, _plugin_registry(lambda split, seed: []), "train", 0)
+
+
+def test_a_loader_whose_rows_mix_types_is_named(registry):
+    """A list of rows with an int in one row and a str in another: arrow's ArrowInvalid traceback."""
+
+    def mixed(split, seed):
+        return [{"prompt": "1+1=", "answer": 2}, {"prompt": "2+2=", "answer": "four"}]
+
+    registry.registrar("my_plugin", "my-dist")("mixed", mixed)
+    with pytest.raises(UserError) as err:
+        load_dataset_for(DataSection(dataset="mixed"), registry, "train", 0)
+    assert "column 'answer' holds int (2) on row 0 and str ('four') on row 1" in str(err.value)
+    assert "loader 'mixed' from plugin my_plugin" in str(err.value)

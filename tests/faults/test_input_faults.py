@@ -1,10 +1,12 @@
-"""Input faults a user meets (issue 13): broken data files, stray args, non-UTF-8 bytes, empty
-recipes. Each runs the real `grpo` command on real files and must end in one message that names
-the file or key, with exit code 2 and no traceback."""
+"""Input faults a user meets (issues 13 and 22): broken data files, stray args, non-UTF-8 bytes, empty
+recipes, rows without a prompt, columns of mixed types, numbers no library takes. Each runs the real
+`grpo` command on real files and must end in one message that names the file or key, with exit
+code 2 and no traceback."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +156,132 @@ def test_empty_output_dir_is_refused(tmp_path):
 def test_unknown_curriculum_args_are_refused(tmp_path, overrides, needles):
     out = grpo(tmp_path, "train", "quickstart", "--dry-run", *overrides)
     assert_user_error(out, *needles)
+
+
+# --- issue 22, item 4: every row and every number that reaches a library is checked where it loads,
+# so `--dry-run` says what a run would meet at the step that draws the row.
+
+#: name, file contents, extra overrides, what the message must say.
+BAD_PROMPT_ROWS = {
+    "empty_messages.jsonl": (
+        jsonl([{"prompt": [{"role": "user", "content": "1+2="}], "answer": 3}] * 3 + [{"prompt": [], "answer": 0}]),
+        [], ["data.prompt_column", "row 3", "is an empty list of messages"],
+    ),
+    "empty_text.jsonl": (  # plain text without a chat template: no token to start from
+        jsonl([*ROWS, {"prompt": "", "answer": 0}]), ["data.chat_template=never"], ["row 2", "is blank text ('')"],
+    ),
+    "blank_cell.csv": (  # row 20: past the first batches; it used to stop the run at the step that drew it
+        b"prompt,answer\n" + b"".join(b"%d+1=,%d\n" % (i, i + 1) for i in range(20)) + b",7\n",
+        [], ["1 of 21 rows", "row 20", "null"],
+    ),
+    "null_question.jsonl": (
+        jsonl([{"question": "1+2", "answer": 3}] * 2 + [{"question": None, "answer": 0}]),
+        ["data.template='Solve: {question}'"], ["data.template", "'question'", "row 2", "'None'"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PROMPT_ROWS))
+def test_dry_run_checks_the_prompt_of_every_row(tmp_path, name):
+    """An empty message list (IndexError in the template), an empty text prompt (IndexError in
+    generate, or packing's ValueError), a blank cell at row 20 (found at the step that drew it)."""
+    content, overrides, needles = BAD_PROMPT_ROWS[name]
+    file = tmp_path / name
+    file.write_bytes(content)
+    out = grpo(tmp_path, "train", "quickstart", "--dry-run", f"data.dataset='{file}'", "data.args={}", *overrides)
+    assert_user_error(out, str(file), *needles)
+
+
+def test_a_column_of_mixed_types_is_refused_naming_rows_and_types(tmp_path):
+    """`datasets` keeps such a column as JSON text and read the strings "1", "2" back as numbers."""
+    file = tmp_path / "mixed.jsonl"
+    file.write_bytes(jsonl([{"prompt": f"{i}+0=", "answer": str(i)} for i in range(3)] + [{"prompt": "7=", "answer": 7}]))
+    out = grpo(tmp_path, "train", "quickstart", "--dry-run", f"data.dataset='{file}'", "data.args={}")
+    assert_user_error(out, f"{file}:4", "column 'answer' holds str ('0') on row 0 (line 1) and int (7) on row 3 "
+                      "(line 4)", "one type per column")
+
+
+def test_a_directory_of_mixed_file_types_is_refused_naming_them(tmp_path):
+    """`datasets` read the train.jsonl and silently skipped test.csv (or misreported a missing split)."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes(jsonl(ROWS))
+    (folder / "test.csv").write_bytes(b"prompt,answer\n2+2=,4\n")
+    out = grpo(tmp_path, "train", "quickstart", "--dry-run", f"data.dataset='{folder}'", "data.args={}")
+    assert_user_error(out, "data.dataset", "2 types", "csv: test.csv", "json: train.jsonl")
+
+
+@pytest.mark.parametrize(
+    "overrides, needles",
+    [
+        (["generation.temperature=1e-320", "generation.repetition_penalty=1e-320", "generation.top_k=1099511627776",
+          "train.seed=4294967296", "train.prompts_per_step=1000000", "algorithm.beta=nan",
+          'rewards=[{name="length", weight=1e300}]', "vllm.server_timeout=1e300",
+          "algorithm.overlong_penalty.penalty=1e300"],
+         ["generation.temperature: Input should be greater than or equal to 0.01", "got 1e-320",
+          "generation.repetition_penalty: Input should be greater", "generation.top_k: Input should be less",
+          "train.seed: Input should be less", "train.prompts_per_step: Input should be less", "algorithm.beta",
+          "rewards[0].weight", "vllm.server_timeout", "algorithm.overlong_penalty.penalty"]),
+        (["train.prompts_per_step=65536", "generation.num_generations=64"],
+         ["one generation batch would hold 4194304 completions", "valid: at most 1048576"]),
+        (["algorithm.overlong_penalty={buffer_length=100}"],
+         ["buffer_length = 100 is longer than generation.max_completion_length = 24"]),
+    ],
+)
+def test_dry_run_refuses_numbers_a_run_would_fail_on(tmp_path, overrides, needles):
+    """Each passed the schema and `--dry-run`, then failed in the run: torch.multinomial on NaN
+    probabilities (temperature, repetition penalty), numpy's seed range, vLLM's 32-bit top_k, a batch
+    that fills memory, the overlong penalty's ValueError at the first step."""
+    out = grpo(tmp_path, "train", "quickstart", "--dry-run", *overrides)
+    assert_user_error(out, *needles)
+
+
+def test_a_batch_larger_than_the_dataset_is_said(tmp_path):
+    """Rows repeat within one generation batch: allowed (a tiny file to try a recipe on), and said."""
+    out = grpo(tmp_path, "train", "quickstart", "--dry-run", "train.prompts_per_step=4096")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ("warning: train.prompts_per_step = 4096 prompts per generation batch, but split 'train' of "
+            "data.dataset has 2000 rows, so each row comes 2.0 times in one batch") in out.stderr
+
+
+@pytest.mark.slow  # a real `grpo train` step (seconds)
+def test_a_reward_of_1e300_stops_the_run_naming_the_reward_and_row(tmp_path):
+    """statistics.stdev overflowed (AttributeError, a traceback); refused, not clamped: a reward that
+    large is a bug in the reward, and a clamped one would train on it silently."""
+    module = tmp_path / "huge.py"
+    module.write_text("def huge(prompts, completions, **kwargs):\n"
+                      "    return [1e300 if i == 1 else 0.0 for i in range(len(completions))]\n")
+    out_dir = tmp_path / "run"
+    out = grpo(tmp_path, "train", "quickstart", *FAST, "train.steps=1", f"rewards=[{{name='{module}:huge'}}]",
+               f"train.output_dir='{out_dir}'")
+    assert_user_error(out, "reward 'huge.py:huge' returned 1e+300 at row 1", "rewards[0]", "within +-1e+12")
+    assert not (out_dir / "checkpoints").exists()
+
+
+def _unwritable_place(tmp_path: Path) -> Path:
+    """A directory this process cannot create things in: a chmod 555 folder (not for root, whom
+    permissions do not stop), else a read-only system folder; skip where there is none."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        return locked
+    try:
+        os.mkdir("/sys/grpo-write-probe")
+    except OSError:
+        return Path("/sys")
+    os.rmdir("/sys/grpo-write-probe")
+    pytest.skip("running as root, where chmod does not stop writes, and /sys is writable here")
+
+
+def test_eval_into_a_place_it_cannot_write_stops_before_sampling(run_copy, tmp_path):
+    """`grpo eval` sampled every prompt and failed only when it wrote samples.jsonl."""
+    place = _unwritable_place(tmp_path)
+    try:
+        out = grpo(tmp_path, "eval", "quickstart", "--checkpoint", str(run_copy), "--n", "2", "--num-prompts", "2",
+                   "--output-dir", str(place / "eval"))
+    finally:
+        if place != Path("/sys"):
+            place.chmod(0o755)
+    stderr = assert_user_error(out, "--output-dir", f"cannot write the evaluation into {place / 'eval'}")
+    assert "evaluating" not in stderr  # stopped before any model sampled
