@@ -2,9 +2,11 @@
 
 Each rollout's calls run in order in a thread of their own (an environment sees its calls one
 at a time, as the model wrote them); the rollouts' threads run at once. A call that raises
-becomes ``Error: <type>: <message>``; one that runs past the timeout becomes a timeout message
-and its thread is abandoned (a daemon: it can neither hold up the step nor the process exit),
-together with the calls after it in that rollout. Nothing a tool does stops the step.
+becomes ``Error: <type>: <message>``, one that calls ``sys.exit()`` says so at once (in a thread
+it would otherwise end the thread without a word, and the call would wait out its timeout); one
+that runs past the timeout becomes a timeout message and its thread is abandoned (a daemon: it
+can neither hold up the step nor the process exit), together with the calls after it in that
+rollout. Nothing a tool does stops the step.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ class _Worker:
                 if self.abandoned:
                     return
                 self.started_at = time.monotonic()
-            outcome = run_call(call, self.functions)
+            try:
+                outcome = run_call(call, self.functions)
+            except BaseException as exc:  # noqa: BLE001 - whatever ends a thread must not leave the turn waiting
+                outcome = Outcome(f"Error: the tool {call.name!r} raised {type(exc).__name__}: {exc}", error=True)
             with self.done:
                 if self.abandoned:
                     return
@@ -69,6 +74,8 @@ def run_call(call: ToolCall, functions: dict[str, Callable[..., Any]]) -> Outcom
         result = fn(**call.arguments)
     except Exception as exc:  # noqa: BLE001 (the tool's own failure: the model reads it, the step goes on)
         return Outcome(f"Error: {type(exc).__name__}: {exc}", error=True)
+    except SystemExit as exc:  # a tool must not end the process, nor (in its thread) vanish without a word
+        return Outcome(f"Error: the tool {call.name!r} called sys.exit({exc.code!r})", error=True)
     return Outcome(result if isinstance(result, str) else str(result))
 
 
