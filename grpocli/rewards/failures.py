@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
-from grpocli.rewards import invocation
-from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, runs_inline
+from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at, runs_inline
 
 if TYPE_CHECKING:
     from grpocli.rewards.scoring import RewardFn
@@ -94,12 +92,12 @@ def _signals_off_the_main_thread(exc: BaseException) -> bool:
 def _main_thread_hint(i: int, rf: RewardFn, timeout: float | None) -> str:
     why = ("it sets a signal handler or alarm (signal.signal / signal.alarm, as math-verify's parse and verify "
            "do with their default timeouts), which Python allows only in the main thread")
+    key = f"set timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout=0)"
     if is_async(rf.fn):
-        return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def and set "
-                f"timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout = 0), which runs it in the main thread")
-    return (f"{why}, and rewards[{i}].timeout = {timeout:g} s runs it in a thread of its own: set timeout = 0 in "
-            f"[[rewards]] entry {i} (rewards[{i}].timeout = 0) to run it in the main thread, where its own "
-            "alarm bounds it")
+        return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def and "
+                f"{key}, which runs it in the main thread")
+    return (f"{why}, and rewards[{i}].timeout = {timeout:g} s runs it in a thread of its own: {key} to run it in "
+            "the main thread, where its own alarm bounds it")
 
 
 def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | None, n: int) -> None:
@@ -109,18 +107,18 @@ def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | Non
                 "or spins (a network call without a timeout, a lock, a loop that never ends), fix the function")
     if exc.still_running >= MAX_LEFT_RUNNING:
         raise UserError(
-            f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {exc.still_running} of its "
-            "calls that timed out still run in background threads, which Python cannot stop: each one takes CPU "
-            f"and memory from every step{_origin(exc)}",
+            f"reward {rf.name!r} timed out again while {exc.still_running - 1} of its earlier calls still run in "
+            "background threads that Python cannot stop (they timed out too, and each takes CPU and memory from "
+            f"every step){_origin(exc)}",
             where=f"rewards[{i}] ({rf.name})",
             valid=f"calls that return within the timeout, or end soon after it (the run stops when "
             f"{MAX_LEFT_RUNNING} still run)",
             hint=raise_it,
         )
-    print(f"warning: reward {rf.name!r} timed out (no result within {seconds:g} s) on a batch of {n} completions "
-          f"and scores it None (on_error = \"none\"); Python cannot stop the call, which goes on in a background "
-          f"thread{_origin(exc)}: {exc.still_running} such call(s) of it still run, and at {MAX_LEFT_RUNNING} "
-          f"the run stops; {raise_it}", file=sys.stderr, flush=True)
+    print(f"warning: reward {rf.name!r} timed out after {seconds:g} s; its call goes on in a background thread "
+          f"that Python cannot stop ({exc.still_running} left running; the run stops at {MAX_LEFT_RUNNING})"
+          f"{_origin(exc)}; the batch of {n} completions scores None (on_error = \"none\"); {raise_it}",
+          file=sys.stderr, flush=True)
 
 
 def _locate_row(rescore: Rescore, exc_type: type, n: int, timeout: float | None) -> int | None:
@@ -138,12 +136,12 @@ def _locate_row(rescore: Rescore, exc_type: type, n: int, timeout: float | None)
 
 
 def _origin(exc: BaseException) -> str:
-    """' at file:line' of the deepest frame in the reward's own code ('' when none is); for a
-    call that timed out, where it was waiting."""
+    """' at file:line' where it was raised, in the reward's own code where it can (past the
+    standard library and installed packages); for a call that timed out, where it was waiting."""
     if isinstance(exc, RewardTimeout):
         return f" (waiting at {exc.stuck_at})" if exc.stuck_at else ""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != invocation.__file__]
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    at = raised_at(exc)
+    return f" at {at}" if at else ""
 
 
 def short(value: Any) -> str:

@@ -30,6 +30,7 @@ import os
 import sys
 import sysconfig
 import threading
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,7 @@ class RewardTimeout(TimeoutError):
 
 
 class ProcessExit(BaseException):
-    """``os._exit(code)`` called in a reward, stopped before it ended the process."""
+    """``os._exit(code)`` called in a reward (or a tool), stopped before it ended the process."""
 
     def __init__(self, code: Any) -> None:
         self.code = code
@@ -97,7 +98,7 @@ def accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], keep: set[st
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions (also wrapped in functools.partial) and async __call__."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
 def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeouts: list[float | None],
@@ -109,7 +110,7 @@ def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeouts: l
     results: list[Any] = [None] * len(calls)
     coroutines: dict[int, Awaitable[Any]] = {}
     announce = before or (lambda indices: None)
-    with _exits_caught():
+    with exits_caught():
         for i, (fn, kwargs) in enumerate(calls):
             if is_async(fn):
                 coroutines[i] = _start(fn, kwargs)
@@ -142,8 +143,9 @@ def still_running(fn: Callable[..., Any]) -> int:
 
 
 @contextlib.contextmanager
-def _exits_caught() -> Iterator[None]:
-    """``os._exit`` raises ProcessExit in this process for the block (and in threads meanwhile)."""
+def exits_caught() -> Iterator[None]:
+    """``os._exit`` raises ProcessExit in this process for the block (in any of its threads; a
+    process forked meanwhile exits for real): rewards here, tools in grpocli.tools.execution."""
     global _exit_guards, _exit_owner
     with _exit_lock:
         if _exit_guards == 0:
@@ -287,33 +289,38 @@ def _abandon_loop() -> None:
 
 
 def _thread_at(thread: threading.Thread) -> str | None:
-    """'file:line' where a running thread waits (see _place)."""
+    """'file:line' where a running thread waits (see place)."""
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
-    frames = []
+    spots = []
     while frame is not None:
-        frames.append(frame)
+        spots.append((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back
-    return _place(frames[::-1])
+    return place(spots[::-1])
 
 
 def _coroutine_at(coro: Any) -> str | None:
-    """'file:line' where a suspended coroutine waits, through what it awaits (see _place)."""
-    frames = []
+    """'file:line' where a suspended coroutine waits, through what it awaits (see place)."""
+    spots = []
     while getattr(coro, "cr_frame", None) is not None:
-        frames.append(coro.cr_frame)
+        spots.append((coro.cr_frame.f_code.co_filename, coro.cr_frame.f_lineno))
         coro = coro.cr_await
-    return _place(frames)
+    return place(spots)
 
 
-def _place(frames: list[Any]) -> str | None:
-    """'file:line' of the innermost of ``frames`` (outermost first) in the user's own code:
-    outside the standard library and installed packages if any is, else outside the standard
-    library (a plugin's reward), else the innermost."""
+def raised_at(exc: BaseException) -> str | None:
+    """'file:line' where ``exc`` was raised, in the reward's own code where it can (see place)."""
+    return place([(f.filename, f.lineno or 0) for f in traceback.extract_tb(exc.__traceback__)])
+
+
+def place(spots: list[tuple[str, int]]) -> str | None:
+    """'file:line' of the innermost of ``spots`` (file, line; outermost first) in the user's own
+    code: outside the standard library and installed packages if any is, else outside the
+    standard library (a plugin's reward), else the innermost; never this module."""
     paths = sysconfig.get_paths()
     stdlib, installed = (paths["stdlib"],), (paths["purelib"], paths["platlib"])
+    spots = [(f, n) for f, n in spots if f != __file__]
     for outside in (stdlib + installed, stdlib, ()):
-        own = [f for f in frames if not f.f_code.co_filename.startswith(outside) or not outside]
-        own = [f for f in own if f.f_code.co_filename != __file__]
+        own = [(f, n) for f, n in spots if not outside or not f.startswith(outside)]
         if own:
-            return f"{own[-1].f_code.co_filename}:{own[-1].f_lineno}"
+            return f"{own[-1][0]}:{own[-1][1]}"
     return None
