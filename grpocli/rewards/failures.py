@@ -92,7 +92,7 @@ def _signals_off_the_main_thread(exc: BaseException) -> bool:
 def _main_thread_hint(i: int, rf: RewardFn, timeout: float | None) -> str:
     why = ("it sets a signal handler or alarm (signal.signal / signal.alarm, as math-verify's parse and verify "
            "do with their default timeouts), which Python allows only in the main thread")
-    key = f"set timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout=0)"
+    key = f"set timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout = 0)"
     if is_async(rf.fn):
         return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def and "
                 f"{key}, which runs it in the main thread")
@@ -107,18 +107,18 @@ def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | Non
                 "or spins (a network call without a timeout, a lock, a loop that never ends), fix the function")
     if exc.still_running >= MAX_LEFT_RUNNING:
         raise UserError(
-            f"reward {rf.name!r} timed out again while {exc.still_running - 1} of its earlier calls still run in "
-            "background threads that Python cannot stop (they timed out too, and each takes CPU and memory from "
-            f"every step){_origin(exc)}",
+            f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {exc.still_running} of its "
+            "calls that timed out still run in background threads, which Python cannot stop: each one takes CPU "
+            f"and memory from every step{_origin(exc)}",
             where=f"rewards[{i}] ({rf.name})",
             valid=f"calls that return within the timeout, or end soon after it (the run stops when "
             f"{MAX_LEFT_RUNNING} still run)",
             hint=raise_it,
         )
-    print(f"warning: reward {rf.name!r} timed out after {seconds:g} s; its call goes on in a background thread "
-          f"that Python cannot stop ({exc.still_running} left running; the run stops at {MAX_LEFT_RUNNING})"
-          f"{_origin(exc)}; the batch of {n} completions scores None (on_error = \"none\"); {raise_it}",
-          file=sys.stderr, flush=True)
+    print(f"warning: reward {rf.name!r} timed out (no result within {seconds:g} s) on a batch of {n} completions "
+          f"and scores it None (on_error = \"none\"); Python cannot stop the call, which goes on in a background "
+          f"thread{_origin(exc)}: {exc.still_running} such call(s) of it still run, and at {MAX_LEFT_RUNNING} "
+          f"the run stops; {raise_it}", file=sys.stderr, flush=True)
 
 
 def _locate_row(rescore: Rescore, exc_type: type, n: int, timeout: float | None) -> int | None:
