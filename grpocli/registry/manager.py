@@ -123,7 +123,7 @@ def _call_hook(pm: pluggy.PluginManager, obj: object, hook: str, info: PluginInf
             hint=f"fix or uninstall the plugin ({_uninstall(info.distribution)}), or set "
             "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
         ) from None
-    except Exception as exc:  # a plugin's own bug: name it
+    except Exception as exc:  # noqa: BLE001 - a plugin's own bug: name it
         raise UserError(
             f"plugin {info.name!r} ({info.distribution}) failed in {hook}: {type(exc).__name__}: {exc}",
             hint="fix or uninstall the plugin, or set GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
@@ -163,7 +163,7 @@ def _load_entry_point(ep: metadata.EntryPoint) -> ModuleType:
             hint=f"pip install --upgrade {dist}, or {_uninstall(dist)}, or skip it with "
             "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
         ) from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever its import raised: name the plugin
         raise UserError(
             f"plugin {ep.name!r} from distribution {dist} failed to import ({ep.value}): "
             f"{type(exc).__name__}: {exc}",
