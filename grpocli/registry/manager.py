@@ -116,7 +116,14 @@ def _call_hook(pm: pluggy.PluginManager, obj: object, hook: str, info: PluginInf
         caller(**kwargs)
     except UserError:
         raise
-    except Exception as exc:  # a plugin's own bug: name it
+    except SystemExit as exc:  # would end grpo with the plugin's code and without a word
+        raise UserError(
+            f"plugin {info.name!r} ({info.distribution}, {info.module}) called sys.exit({exc.code!r}) in {hook}",
+            valid="a hook that registers and returns; a plugin never ends the process",
+            hint=f"fix or uninstall the plugin ({_uninstall(info.distribution)}), or set "
+            "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a plugin's own bug: name it
         raise UserError(
             f"plugin {info.name!r} ({info.distribution}) failed in {hook}: {type(exc).__name__}: {exc}",
             hint="fix or uninstall the plugin, or set GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
@@ -144,10 +151,19 @@ def _selected_entry_points() -> list[metadata.EntryPoint]:
 
 
 def _load_entry_point(ep: metadata.EntryPoint) -> ModuleType:
+    dist = ep.dist.name if ep.dist else "?"
     try:
         return ep.load()
-    except Exception as exc:
-        dist = ep.dist.name if ep.dist else "?"
+    except SystemExit as exc:  # would end grpo with the plugin's code and without a word
+        raise UserError(
+            f"plugin {ep.name!r} from distribution {dist} called sys.exit({exc.code!r}) while being imported "
+            f"({ep.value}){_raised_at(exc)}",
+            where=f"entry point {ep.name} = {ep.value}",
+            valid="a plugin module that imports without ending the process",
+            hint=f"pip install --upgrade {dist}, or {_uninstall(dist)}, or skip it with "
+            "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - whatever its import raised: name the plugin
         raise UserError(
             f"plugin {ep.name!r} from distribution {dist} failed to import ({ep.value}): "
             f"{type(exc).__name__}: {exc}",
@@ -155,3 +171,15 @@ def _load_entry_point(ep: metadata.EntryPoint) -> ModuleType:
             hint=f"pip install --upgrade {dist}, or pip uninstall {dist}, or skip it with "
             "GRPO_DISABLE_PLUGIN_AUTOLOAD=1",
         ) from None
+
+
+def _uninstall(dist: str) -> str:
+    return f"pip uninstall {dist}" if dist not in ("?", "grpocli", "(local)") else "remove it"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """' at file:line' of the innermost frame that raised ``exc`` outside importlib ('' if none)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

@@ -9,22 +9,31 @@ reward blocks (time.sleep instead of await) is left behind the same way for a fr
 
 Whatever a reward raises comes back as Failed, SystemExit (``sys.exit()`` in a reward) too, so
 the caller decides (stop naming the reward, or score None); only KeyboardInterrupt goes through.
+``os._exit(code)`` would end the process without a word, so while rewards run it raises
+ProcessExit in this process instead (a process forked meanwhile, e.g. by multiprocessing, still
+exits for real); what no Python code can stop (a signal, a crash in C) is left to the launcher's
+report (grpocli.launch.processes), which names the reward through ``before``.
 A function marked ``bounds_own_time = True`` (math-verify's signal alarms need the main
 thread) always runs in the calling thread.
+
+A call that timed out may go on in its thread; ``RewardTimeout.still_running`` counts the calls
+of that function left running so, for the caller to warn and to stop before they eat the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Awaitable
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 LOOP_GRACE_S = 5.0  # how long past the longest timeout to wait for a loop that should have answered
 
@@ -32,6 +41,12 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_pid: int | None = None
 _loop_thread: threading.Thread | None = None
 _loop_lock = threading.Lock()
+
+_left_behind: list[tuple[Callable[..., Any], threading.Thread]] = []  # calls that timed out, by function
+_real_exit = os._exit
+_exit_guards = 0  # call_all calls under way (os._exit is replaced while > 0)
+_exit_owner = os.getpid()
+_exit_lock = threading.Lock()
 
 
 @dataclass
@@ -44,11 +59,22 @@ class Failed:
 class RewardTimeout(TimeoutError):
     """A call that gave no result within its timeout; ``stuck_at`` is 'file:line' where it was
     waiting, ``blocked_loop`` says the event loop of the async rewards stopped answering (a
-    reward blocked it), so calling again would block again."""
+    reward blocked it), so calling again would block again; ``still_running`` is how many calls
+    of the function that timed out (this one included) still run in threads left behind."""
 
-    def __init__(self, seconds: float, stuck_at: str | None = None, blocked_loop: bool = False) -> None:
+    def __init__(self, seconds: float, stuck_at: str | None = None, blocked_loop: bool = False,
+                 still_running: int = 0) -> None:
         self.seconds, self.stuck_at, self.blocked_loop = seconds, stuck_at, blocked_loop
+        self.still_running = still_running
         super().__init__(f"no result within {seconds:g} s")
+
+
+class ProcessExit(BaseException):
+    """``os._exit(code)`` called in a reward (or a tool), stopped before it ended the process."""
+
+    def __init__(self, code: Any) -> None:
+        self.code = code
+        super().__init__(f"os._exit({code!r})")
 
 
 def keyword_names(fn: Callable[..., Any]) -> set[str] | None:
@@ -72,35 +98,72 @@ def accepted_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], keep: set[st
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions (also wrapped in functools.partial) and async __call__."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
-def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]],
-             timeouts: list[float | None]) -> list[Any]:
+def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeouts: list[float | None],
+             before: Callable[[list[int]], None] | None = None) -> list[Any]:
     """Results of ``fn(**kwargs)`` for each call, in order, each bounded by its timeout in
-    seconds (None: no bound); a raised exception or a timeout comes back as Failed."""
+    seconds (None: no bound); a raised exception, ``os._exit()`` or a timeout comes back as
+    Failed. ``before(indices)`` is told which calls start next: the async ones (together), then
+    each sync one."""
     results: list[Any] = [None] * len(calls)
     coroutines: dict[int, Awaitable[Any]] = {}
-    for i, (fn, kwargs) in enumerate(calls):
-        if is_async(fn):
-            coroutines[i] = _start(fn, kwargs)
-    pending = _submit(coroutines, timeouts) if coroutines else None
-    late: dict[int, Awaitable[Any]] = {}
-    for i, (fn, kwargs) in enumerate(calls):
-        if i in coroutines:
-            continue
-        results[i] = _call_sync(fn, kwargs, None if runs_inline(fn) else timeouts[i])
-        if inspect.isawaitable(results[i]):  # a sync callable that hands back a coroutine
-            late[i] = results[i]
-    for batch in (pending, _submit(late, timeouts) if late else None):
-        for i, value in (batch.wait() if batch is not None else {}).items():
-            results[i] = value
+    announce = before or (lambda indices: None)
+    with exits_caught():
+        for i, (fn, kwargs) in enumerate(calls):
+            if is_async(fn):
+                coroutines[i] = _start(fn, kwargs)
+        if coroutines:
+            announce(list(coroutines))
+        pending = _submit(coroutines, timeouts, calls) if coroutines else None
+        late: dict[int, Awaitable[Any]] = {}
+        for i, (fn, kwargs) in enumerate(calls):
+            if i in coroutines:
+                continue
+            announce([i])
+            results[i] = _call_sync(fn, kwargs, None if runs_inline(fn) else timeouts[i])
+            if inspect.isawaitable(results[i]):  # a sync callable that hands back a coroutine
+                late[i] = results[i]
+        for batch in (pending, _submit(late, timeouts, calls) if late else None):
+            for i, value in (batch.wait() if batch is not None else {}).items():
+                results[i] = value
     return results
 
 
 def call_one(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
     """One call, sync or async; the result, or Failed."""
     return call_all([(fn, kwargs)], [timeout])[0]
+
+
+def still_running(fn: Callable[..., Any]) -> int:
+    """How many calls of ``fn`` that timed out still run in the threads they were left in."""
+    _left_behind[:] = [(f, t) for f, t in _left_behind if t.is_alive()]
+    return sum(1 for f, _ in _left_behind if f is fn)
+
+
+@contextlib.contextmanager
+def exits_caught() -> Iterator[None]:
+    """``os._exit`` raises ProcessExit in this process for the block (in any of its threads; a
+    process forked meanwhile exits for real): rewards here, tools in grpocli.tools.execution."""
+    global _exit_guards, _exit_owner
+    with _exit_lock:
+        if _exit_guards == 0:
+            _exit_owner, os._exit = os.getpid(), _exit_from_reward
+        _exit_guards += 1
+    try:
+        yield
+    finally:
+        with _exit_lock:
+            _exit_guards -= 1
+            if _exit_guards == 0:
+                os._exit = _real_exit
+
+
+def _exit_from_reward(code: int) -> None:
+    if os.getpid() != _exit_owner:  # a child forked by the reward (multiprocessing) ends as it asks
+        _real_exit(code)
+    raise ProcessExit(code)
 
 
 def runs_inline(fn: Callable[..., Any]) -> bool:
@@ -141,7 +204,8 @@ def _call_sync(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | 
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        return Failed(RewardTimeout(timeout, _thread_at(thread)))
+        _left_behind.append((fn, thread))
+        return Failed(RewardTimeout(timeout, _thread_at(thread), still_running=still_running(fn)))
     return box["result"]
 
 
@@ -152,7 +216,7 @@ class _Batch:
     """Coroutines running on the shared loop, and how long to wait for all of them."""
 
     future: Any
-    indices: list[int]
+    fns: dict[int, Callable[..., Any]]  # by index in the calls
     timeout: float  # the longest of their timeouts
     wait_s: float | None
 
@@ -160,12 +224,17 @@ class _Batch:
         try:
             return self.future.result(self.wait_s)
         except concurrent.futures.TimeoutError:
-            stuck_at = _thread_at(_loop_thread) if _loop_thread is not None else None
+            thread = _loop_thread
+            stuck_at = _thread_at(thread) if thread is not None else None
             _abandon_loop()
-            return {i: Failed(RewardTimeout(self.timeout, stuck_at, blocked_loop=True)) for i in self.indices}
+            if thread is not None:  # left behind with whichever of them blocks it
+                _left_behind.extend((fn, thread) for fn in self.fns.values())
+            return {i: Failed(RewardTimeout(self.timeout, stuck_at, blocked_loop=True, still_running=still_running(fn)))
+                    for i, fn in self.fns.items()}
 
 
-def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None]) -> _Batch:
+def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None],
+            calls: list[tuple[Callable[..., Any], dict[str, Any]]]) -> _Batch:
     async def one(aw: Awaitable[Any], timeout: float | None) -> Any:
         task = asyncio.ensure_future(_guarded(aw))
         done, _ = await asyncio.wait({task}, timeout=timeout)
@@ -186,7 +255,7 @@ def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None])
     longest = max((t for t in bounds if t is not None), default=0.0)
     wait_s = None if any(t is None for t in bounds) else longest + LOOP_GRACE_S
     future = asyncio.run_coroutine_threadsafe(gather(), _event_loop())
-    return _Batch(future, list(coroutines), longest, wait_s)
+    return _Batch(future, {i: calls[i][0] for i in coroutines}, longest, wait_s)
 
 
 async def _guarded(aw: Awaitable[Any]) -> Any:
@@ -220,33 +289,38 @@ def _abandon_loop() -> None:
 
 
 def _thread_at(thread: threading.Thread) -> str | None:
-    """'file:line' where a running thread waits (see _place)."""
+    """'file:line' where a running thread waits (see place)."""
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
-    frames = []
+    spots = []
     while frame is not None:
-        frames.append(frame)
+        spots.append((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back
-    return _place(frames[::-1])
+    return place(spots[::-1])
 
 
 def _coroutine_at(coro: Any) -> str | None:
-    """'file:line' where a suspended coroutine waits, through what it awaits (see _place)."""
-    frames = []
+    """'file:line' where a suspended coroutine waits, through what it awaits (see place)."""
+    spots = []
     while getattr(coro, "cr_frame", None) is not None:
-        frames.append(coro.cr_frame)
+        spots.append((coro.cr_frame.f_code.co_filename, coro.cr_frame.f_lineno))
         coro = coro.cr_await
-    return _place(frames)
+    return place(spots)
 
 
-def _place(frames: list[Any]) -> str | None:
-    """'file:line' of the innermost of ``frames`` (outermost first) in the user's own code:
-    outside the standard library and installed packages if any is, else outside the standard
-    library (a plugin's reward), else the innermost."""
+def raised_at(exc: BaseException) -> str | None:
+    """'file:line' where ``exc`` was raised, in the reward's own code where it can (see place)."""
+    return place([(f.filename, f.lineno or 0) for f in traceback.extract_tb(exc.__traceback__)])
+
+
+def place(spots: list[tuple[str, int]]) -> str | None:
+    """'file:line' of the innermost of ``spots`` (file, line; outermost first) in the user's own
+    code: outside the standard library and installed packages if any is, else outside the
+    standard library (a plugin's reward), else the innermost; never this module."""
     paths = sysconfig.get_paths()
     stdlib, installed = (paths["stdlib"],), (paths["purelib"], paths["platlib"])
+    spots = [(f, n) for f, n in spots if f != __file__]
     for outside in (stdlib + installed, stdlib, ()):
-        own = [f for f in frames if not f.f_code.co_filename.startswith(outside) or not outside]
-        own = [f for f in own if f.f_code.co_filename != __file__]
+        own = [(f, n) for f, n in spots if not outside or not f.startswith(outside)]
         if own:
-            return f"{own[-1].f_code.co_filename}:{own[-1].f_lineno}"
+            return f"{own[-1][0]}:{own[-1][1]}"
     return None

@@ -31,9 +31,10 @@ import importlib.util
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from grpocli.errors import UserError, did_you_mean
 
@@ -152,7 +153,7 @@ def _import(target: str, where: str) -> Any:
                 "package that has it, or name the file: path/to/file.py:function",
             ) from None
         raise _import_error(target, exc, where) from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - SystemExit too: it would end grpo without a word
         raise _import_error(target, exc, where) from None
 
 
@@ -180,7 +181,7 @@ def _load_file(target: str, where: str) -> Any:
     sys.modules[module_name] = module  # before running it, as importlib does (dataclasses, pickle)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - SystemExit too: it would end grpo without a word
         del sys.modules[module_name]
         raise _import_error(target, exc, where) from None
     return module
@@ -194,7 +195,12 @@ def _import_error(target: str, exc: BaseException, where: str) -> UserError:
     hint = "fix the module so that `python -c \"import ...\"` works, then run this again"
     if isinstance(exc, ModuleNotFoundError):
         hint = f"install the package it imports (`pip install {exc.name or '...'}`), or remove the import"
-    return UserError(f"importing {target!r} raised {type(exc).__name__}: {exc}{origin}", where=where,
+    what = f"raised {type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):  # e.g. a script's argparse or `sys.exit(main())` run at import
+        what = f"called sys.exit({exc.code!r})"
+        hint = ("a module named in a recipe is imported, not run: put its script part under "
+                "`if __name__ == \"__main__\":`")
+    return UserError(f"importing {target!r} {what}{origin}", where=where,
                      valid="a module that imports without error", hint=hint)
 
 

@@ -20,23 +20,16 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
-import time
-import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from grpocli.errors import UserError
 from grpocli.recipe.bounds import MAX_ABS_REWARD
-from grpocli.rewards import invocation
 from grpocli.rewards.arguments import RESERVED, check_reward_args
-from grpocli.rewards.invocation import (
-    Failed,
-    RewardTimeout,
-    accepted_kwargs,
-    call_all,
-    call_one,
-)
+from grpocli.rewards.failures import fail, short
+from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
 from grpocli.rewards.references import lookup
 
 if TYPE_CHECKING:
@@ -45,8 +38,6 @@ if TYPE_CHECKING:
 
 VALID_VALUES = (f"a list (or 1-D array) with one float, int, bool or None per completion, each within "
                 f"+-{MAX_ABS_REWARD:g}, e.g. [1.0, 0.0, None]")
-MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
-MAX_SECONDS_TO_LOCATE = 30.0
 
 
 @dataclass
@@ -147,10 +138,13 @@ def score(
     completion_ids: list | None = None,
     timeout: float | None = None,
     state: Any = None,
+    doing: Callable[[str], None] | None = None,
 ) -> Scores:
     """Call every reward on the batch with TRL's keywords (grpocli.rewards.scoring), check and
     combine; ``state`` is the trainer_state they get. Each call is bounded by its RewardFn's
-    ``timeout`` (seconds), or by ``timeout`` for all of them where given."""
+    ``timeout`` (seconds), or by ``timeout`` for all of them where given. Each reward gets its own
+    copies of the batch (``fresh``): what one changes reaches neither the others nor the caller.
+    ``doing`` is told which reward(s) run next (a process's status for the launcher's report)."""
     completions = trl_completions(prompts, completions)
     _check_batch(fns, prompts, completions, columns, completion_ids, combination)
     log = RewardLog()
@@ -159,12 +153,14 @@ def score(
     calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, context))
              for i, rf in enumerate(fns)]
     timeouts = [rf.timeout if timeout is None else timeout for rf in fns]
-    outcomes = call_all(calls, timeouts)
+    before = None if doing is None else (lambda indices: doing(", ".join(repr(fns[k].name) for k in indices)))
+    outcomes = call_all(calls, timeouts, before)
     per_reward: dict[str, list[float | None]] = {}
     errors: dict[str, int] = {}
     for i, (rf, outcome) in enumerate(zip(fns, outcomes)):
         if isinstance(outcome, Failed):
-            _fail(i, rf, outcome.exc, prompts, completions, columns, completion_ids, timeouts[i], context)
+            rescore = _rescorer(i, rf, prompts, completions, columns, completion_ids, context)
+            fail(i, rf, outcome.exc, completions, columns, timeouts[i], rescore)
             per_reward[rf.name] = [None] * len(completions)
             errors[rf.name] = len(completions)
         else:
@@ -173,6 +169,20 @@ def score(
     total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
     _check_totals(fns, per_reward, total)
     return Scores(per_reward, total, errors, log)
+
+
+def fresh(value: Any) -> Any:
+    """``value`` with every list, dict, tuple and set in it copied (other objects, strings, numbers,
+    arrays, images, environments, are shared): a reward may change what it gets in place."""
+    if isinstance(value, list):
+        return [fresh(v) for v in value]
+    if isinstance(value, dict):
+        return {k: fresh(v) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # a namedtuple is left as it is
+        return tuple(fresh(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return type(value)(value)
+    return value
 
 
 def reward_metrics(scores: Scores) -> dict[str, float]:
@@ -249,6 +259,8 @@ def _check_batch(fns, prompts, completions, columns, completion_ids, combination
 
 
 def _kwargs(i, rf, prompts, completions, columns, completion_ids, context, row: int | None = None) -> dict[str, Any]:
+    """The keywords of reward ``i``'s call (of one row alone where ``row`` is given): copies of the
+    batch's data (``fresh``), TRL's other keywords, the reward's args."""
     clash = sorted(set(rf.args) & set(columns))
     if clash:
         raise UserError(
@@ -258,7 +270,7 @@ def _kwargs(i, rf, prompts, completions, columns, completion_ids, context, row: 
             valid=f"args named unlike the columns ({', '.join(sorted(columns))})",
             hint="rename the arg (built-ins document an alternative name), or the column",
         )
-    pick = (lambda v: v) if row is None else (lambda v: v[row : row + 1])
+    pick = (lambda v: fresh(v)) if row is None else (lambda v: fresh(v[row : row + 1]))
     kwargs: dict[str, Any] = {"prompts": pick(prompts), "completions": pick(completions)}
     kwargs.update({k: pick(v) for k, v in columns.items()})
     if completion_ids is not None:
@@ -266,6 +278,16 @@ def _kwargs(i, rf, prompts, completions, columns, completion_ids, context, row: 
     kwargs.update(context)
     kwargs.update(rf.args)
     return accepted_kwargs(rf.fn, kwargs, keep=set(rf.args))
+
+
+def _rescorer(i, rf, prompts, completions, columns, completion_ids, context) -> Callable[[int, float | None], Any]:
+    """Scores one row of the batch with reward ``i`` alone (what it logs is not the batch's)."""
+    def rescore(row: int, timeout: float | None) -> Any:
+        unlogged = RewardLog()
+        quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
+        return call_one(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row), timeout)
+
+    return rescore
 
 
 def _check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | None]:
@@ -278,14 +300,14 @@ def _check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | Non
             raise bad(f"an array of shape {tuple(getattr(result, 'shape', ()))}; expected ({n},)")
         result = result.tolist()
     if not isinstance(result, (list, tuple)):
-        raise bad(f"{type(result).__name__} {_short(result)}")
+        raise bad(f"{type(result).__name__} {short(result)}")
     if len(result) != n:
         raise bad(f"{len(result)} values for {n} completions")
     out: list[float | None] = []
     for row, value in enumerate(result):
         number = _number(value)
         if number is False:
-            raise bad(f"{_short(value)} ({type(value).__name__}) at row {row}")
+            raise bad(f"{short(value)} ({type(value).__name__}) at row {row}")
         if number is not None and math.isinf(number):
             raise bad(f"{number} at row {row}; infinite rewards make every advantage NaN")
         if number is not None and abs(number) > MAX_ABS_REWARD:
@@ -321,79 +343,3 @@ def _number(value: Any) -> float | None | Literal[False]:
     if isinstance(value, (bool, numbers.Real)):
         return float(value)
     return False
-
-
-def _fail(i, rf, exc, prompts, completions, columns, completion_ids, timeout, context) -> None:
-    """Raise the UserError for a reward that raised, called sys.exit() or ran past its timeout,
-    unless on_error = "none" keeps the run going."""
-    if isinstance(exc, UserError):
-        if exc.where is None:
-            raise UserError(exc.what, where=f"rewards[{i}] ({rf.name})", valid=exc.valid, hint=exc.hint) from exc
-        raise exc
-    if rf.on_error == "none":
-        return
-    row = None
-    if not getattr(exc, "blocked_loop", False):  # a blocked loop would only block again
-        row = _locate_row(i, rf, type(exc), prompts, completions, columns, completion_ids, timeout, context)
-    place = f"on a batch of {len(completions)} completions"
-    if row is not None:
-        place = f"on row {row} (completion {_short(completions[row])})"
-    what, hint = _failure(i, exc, timeout, columns)
-    raise UserError(f"reward {rf.name!r} {what} {place}{_origin(exc)}", where=f"rewards[{i}] ({rf.name})",
-                    hint=hint) from exc
-
-
-def _failure(i: int, exc: BaseException, timeout: float | None, columns: dict[str, list]) -> tuple[str, str]:
-    """What went wrong in words, and what to do about it."""
-    none = f'set on_error = "none" in [[rewards]] entry {i} to score such batches None'
-    if isinstance(exc, RewardTimeout) and exc.blocked_loop:
-        return (f"timed out: {exc}, and the event loop that async rewards share stopped answering",
-                (f"an `async def` reward must await, never block (time.sleep, requests, a lock): use "
-                 f"asyncio.sleep or an async client, or make it a plain def (rewards[{i}].timeout then "
-                 "bounds it in a thread of its own)"))
-    if isinstance(exc, RewardTimeout):
-        seconds = timeout if timeout is not None else exc.seconds
-        return (f"timed out: {exc}",
-                (f"if it is only slow, raise rewards[{i}].timeout (now {seconds:g} s; 0 = no limit); if "
-                 f"it hangs (a network call without a timeout, a lock, input()), fix the function; or {none}"))
-    if isinstance(exc, SystemExit):
-        return (f"called sys.exit({exc.code!r})",
-                ("a reward must return one score per completion and never end the process: return None "
-                 f"for a completion it cannot score, or raise an exception; or {none}"))
-    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
-        return (f"raised TypeError: {exc}",
-                (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
-                 f"({', '.join(sorted(columns)) or 'none'}) and its args by name"))
-    return f"raised {type(exc).__name__}: {exc}", f"fix the function, or {none}"
-
-
-def _locate_row(i, rf, exc_type, prompts, completions, columns, completion_ids, timeout, context) -> int | None:
-    """The first row that fails the same way when scored alone (None if none does, or if looking
-    takes longer than MAX_SECONDS_TO_LOCATE; each row gets the reward's timeout or what is left)."""
-    deadline = time.monotonic() + MAX_SECONDS_TO_LOCATE
-    for row in range(min(len(completions), MAX_ROWS_TO_LOCATE)):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        unlogged = RewardLog()  # what a re-scored row logs is not the batch's
-        quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
-        kwargs = _kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row)
-        outcome = call_one(rf.fn, kwargs, None if timeout is None else min(timeout, left))
-        if isinstance(outcome, Failed) and isinstance(outcome.exc, exc_type):
-            return row
-    return None
-
-
-def _origin(exc: BaseException) -> str:
-    """' at file:line' of the deepest frame in the reward's own code ('' when none is); for a
-    call that timed out, where it was waiting."""
-    if isinstance(exc, RewardTimeout):
-        return f" (waiting at {exc.stuck_at})" if exc.stuck_at else ""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != invocation.__file__]
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def _short(value: Any) -> str:
-    text = repr(value if not isinstance(value, list) or not value or not isinstance(value[0], dict)
-                else value[-1].get("content", value))
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -2,20 +2,29 @@
 
 Each rollout's calls run in order in a thread of their own (an environment sees its calls one
 at a time, as the model wrote them); the rollouts' threads run at once. A call that raises
-becomes ``Error: <type>: <message>``; one that runs past the timeout becomes a timeout message
-and its thread is abandoned (a daemon: it can neither hold up the step nor the process exit),
-together with the calls after it in that rollout. Nothing a tool does stops the step.
+becomes ``Error: <type>: <message>``; one that calls ``sys.exit()`` or ``os._exit()`` says so at
+once, and a warning says it once per tool (in a thread, sys.exit would end the thread without a
+word and the call wait out its timeout; os._exit would end the process: while tools run it
+raises instead, grpocli.rewards.invocation.exits_caught); one that runs past the timeout becomes
+a timeout message and its thread is abandoned (a daemon: it can neither hold up the step nor
+the process exit), together with the calls after it in that rollout. Nothing a tool does stops
+the step.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpocli.rewards.invocation import ProcessExit, exits_caught
 from grpocli.tools.parsers import ToolCall
+
+_warned: set[tuple[str, str]] = set()  # (tool, "sys.exit" | "os._exit") already said on stderr
+_warned_lock = threading.Lock()
 
 
 @dataclass
@@ -44,7 +53,10 @@ class _Worker:
                 if self.abandoned:
                     return
                 self.started_at = time.monotonic()
-            outcome = run_call(call, self.functions)
+            try:
+                outcome = run_call(call, self.functions)
+            except BaseException as exc:  # noqa: BLE001 - whatever ends a thread must not leave the turn waiting
+                outcome = Outcome(f"Error: the tool {call.name!r} raised {type(exc).__name__}: {exc}", error=True)
             with self.done:
                 if self.abandoned:
                     return
@@ -69,7 +81,21 @@ def run_call(call: ToolCall, functions: dict[str, Callable[..., Any]]) -> Outcom
         result = fn(**call.arguments)
     except Exception as exc:  # noqa: BLE001 (the tool's own failure: the model reads it, the step goes on)
         return Outcome(f"Error: {type(exc).__name__}: {exc}", error=True)
+    except (SystemExit, ProcessExit) as exc:  # a tool must not end the process, nor its thread without a word
+        how = "sys.exit" if isinstance(exc, SystemExit) else "os._exit"
+        _warn_once(call.name, how, f"{how}({exc.code!r})")
+        return Outcome(f"Error: the tool {call.name!r} called {how}({exc.code!r})", error=True)
     return Outcome(result if isinstance(result, str) else str(result))
+
+
+def _warn_once(tool: str, how: str, called: str) -> None:
+    with _warned_lock:
+        if (tool, how) in _warned:
+            return
+        _warned.add((tool, how))
+    print(f"warning: the tool {tool!r} called {called}: a tool must return its result and never end the "
+          "process; the model reads it as an error result and the run goes on (said once per tool)",
+          file=sys.stderr, flush=True)
 
 
 def run_turn(calls: list[list[ToolCall]], functions: list[dict[str, Callable[..., Any]]],
@@ -78,17 +104,18 @@ def run_turn(calls: list[list[ToolCall]], functions: list[dict[str, Callable[...
     bounded by `timeout` seconds from its start; returns within about that per call."""
     done = threading.Condition()
     workers = [_Worker(c, f, done) for c, f in zip(calls, functions, strict=True)]
-    for w in workers:
-        w.thread.start()
-    with done:
-        while not all(w.finished for w in workers):
-            now = time.monotonic()
-            for w in workers:
-                if not w.finished and w.started_at is not None and now - w.started_at >= timeout:
-                    _abandon(w, timeout)
-            running = [w.started_at for w in workers if not w.finished and w.started_at is not None]
-            wait = min((s + timeout - now for s in running), default=0.05)
-            done.wait(max(wait, 0.001))
+    with exits_caught():  # os._exit in a tool: an error result, not the end of the process
+        for w in workers:
+            w.thread.start()
+        with done:
+            while not all(w.finished for w in workers):
+                now = time.monotonic()
+                for w in workers:
+                    if not w.finished and w.started_at is not None and now - w.started_at >= timeout:
+                        _abandon(w, timeout)
+                running = [w.started_at for w in workers if not w.finished and w.started_at is not None]
+                wait = min((s + timeout - now for s in running), default=0.05)
+                done.wait(max(wait, 0.001))
     return [[o for o in w.outcomes if o is not None] for w in workers]
 
 

@@ -9,6 +9,11 @@ is rendered by the template alone and tokenized alone, as TRL does: a dummy conv
 rendered with and without the tool messages, and the tokens are the difference, cut right
 after the end-of-turn token that closes the assistant message. The model's own tokens are
 never decoded and re-encoded: they stay exactly as the engine sampled them.
+
+A tool result longer than the completion budget has room for is cut (``ToolTurns.fit``): first
+in characters, before anything is tokenized (a text longer than the room times the longest
+token's length cannot fit; a tool that returns 10 MB costs no 10 MB tokenization), then to the
+tokens that fit, its start kept and a note at its end saying how much was kept.
 """
 
 from __future__ import annotations
@@ -52,12 +57,52 @@ def with_tools_system(messages: list[dict[str, Any]], schemas: list[dict[str, An
     return [{"role": "system", "content": tools}, *messages]
 
 
+#: Ends a tool result that was cut to fit the completion budget.
+CUT_NOTE = "\n[grpo cut this tool result to fit generation.max_completion_length: {kept} of {total} characters kept]"
+
+
 class ToolTurns:
     """Token ids of tool turns in one tokenizer's chat template."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.eos_text = tokenizer.eos_token or ""
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        # no token stands for more characters than its vocabulary entry has (bytes, or '##'-marked pieces)
+        self.max_token_chars = max((len(t) for t in vocab), default=0) or 64
+
+    def fit(self, tool_messages: list[dict[str, Any]], room: int) -> tuple[list[dict[str, Any]], list[int]] | None:
+        """The tool messages and their turn's token ids within ``room`` tokens: as they are where
+        they fit, else with the longest results cut (their start kept, then CUT_NOTE); None where
+        not even the cut turn fits."""
+        if room <= 0:
+            return None
+        totals = [len(m["content"]) for m in tool_messages]
+        kept = [m["content"][: room * self.max_token_chars] for m in tool_messages]  # more cannot fit
+        for _ in range(2 * len(kept) + 4):
+            messages = [{**m, "content": k if len(k) == t else k + CUT_NOTE.format(kept=len(k), total=t)}
+                        for m, k, t in zip(tool_messages, kept, totals)]
+            ids = self.ids(messages)
+            excess = len(ids) - room
+            if excess <= 0:
+                return messages, ids
+            j = max(range(len(kept)), key=lambda n: len(kept[n]))
+            if not kept[j]:
+                return None  # the notes (and the template) alone do not fit
+            kept[j] = self._cut(kept[j], excess, note=len(kept[j]) == totals[j])
+        return None
+
+    def _cut(self, text: str, excess: int, *, note: bool) -> str:
+        """``text`` less ``excess`` tokens (and the tokens of a CUT_NOTE where ``note``: not cut yet)."""
+        pieces = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if note:
+            excess += len(self.tokenizer(CUT_NOTE.format(kept=len(text), total=len(text)),
+                                         add_special_tokens=False)["input_ids"])
+        keep = len(pieces) - excess
+        if keep <= 0:
+            return ""
+        cut = self.tokenizer.decode(pieces[:keep]).rstrip("\ufffd")  # not half a character
+        return cut if len(cut) < len(text) else text[: max(len(text) - excess, 0)]
 
     def ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
         """The tokens that follow a model turn ending in EOS: the tool messages, then the next

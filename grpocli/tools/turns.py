@@ -206,7 +206,8 @@ class TurnLoop:
                                                 f"this one was not run") for c in calls[limit:]]
 
     def take_results(self, r: _Rollout, outcomes: list[Outcome], stats: TurnStats) -> None:
-        """Count the calls, then splice their results in as a tool turn (if the budget has room)."""
+        """Count the calls, then splice their results in as a tool turn (cut to what the budget has
+        room for, leaving the model one token at least; none where not even that fits)."""
         known = set(self.toolbox.tool_names)
         for call, outcome in zip(r.calls, outcomes, strict=True):
             stats.calls += 1
@@ -216,10 +217,11 @@ class TurnLoop:
                 stats.by_tool[call.name] = stats.by_tool.get(call.name, 0) + 1
         messages = [{"role": "tool", "name": c.name, "content": o.content} for c, o in zip(r.calls, outcomes)]
         r.calls = []
-        ids = self.tool_turns.ids(messages)
-        if len(r.ids) + len(ids) >= self.budget:  # no room left for the model to answer
+        fitted = self.tool_turns.fit(messages, self.budget - len(r.ids) - 1)  # a result too long for it: cut
+        if fitted is None:  # no room left for the model to answer
             r.done = r.truncated = True
             return
+        messages, ids = fitted
         r.messages += messages
         r.ids += ids
         r.mask += [0] * len(ids)

@@ -236,7 +236,8 @@ class Loop:
         if rollouts.environments is not None:  # TRL's `environments` keyword
             columns["environments"] = rollouts.environments
         scores = score(s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
-                       r.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state)
+                       r.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
+                       doing=lambda names: self.doing(f"rewards, calling {names}"))  # named if the process dies
         total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
         op = r.algorithm.overlong_penalty
         if op.buffer_length:

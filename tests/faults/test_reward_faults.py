@@ -3,16 +3,24 @@
 Each test writes a reward file, names it in the recipe as ``file.py:function`` and runs the
 command in a subprocess on the tiny model. A reward that never returns (sync, or ``async def``)
 must end the run with exit code 2 soon after its ``rewards[i].timeout``, naming the reward, the
-row and the key to raise; one that calls sys.exit() must not end the run silently.
+row and the key to raise; one that calls sys.exit() or os._exit() must not end the run silently;
+one that sets a SIGALRM handler is told the key that lets it (``timeout = 0``); timed-out calls
+left spinning are counted and stop the run before they eat it; what a reward does to the lists
+it is given never reaches the rollouts; and a plugin (installed, found by entry point) or a reward
+file whose import calls sys.exit() is named instead of ending the command with its exit code.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from cli_runner import run_grpo
+from cli_runner import ROOT, install_plugin, run_grpo
 from tiny_runs import FAST, TINY_MODEL
 
 TIMEOUT_S = 2
@@ -22,6 +30,8 @@ EXIT_WITHIN_S = 2 * TIMEOUT_S + 20
 
 REWARDS = '''
 import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -52,6 +62,39 @@ def exits(prompts, completions, **kwargs):
 async def exits_async(prompts, completions, **kwargs):
     _called()
     sys.exit(4)
+
+
+def exits_hard_at_step_2(prompts, completions, trainer_state, **kwargs):
+    if trainer_state.global_step >= 1:
+        os._exit(7)
+    return [0.0] * len(completions)
+
+
+def alarmed(prompts, completions, **kwargs):
+    def late(signum, frame):
+        raise TimeoutError("too slow")
+
+    signal.signal(signal.SIGALRM, late)  # math-verify's way to bound one answer
+    signal.alarm(5)
+    try:
+        return [float(len(c)) for c in completions]
+    finally:
+        signal.alarm(0)
+
+
+def spins(prompts, completions, **kwargs):
+    while True:  # a loop without end that never waits: it takes CPU as long as the process lives
+        pass
+
+
+def mutates(prompts, completions, completion_ids, answer, **kwargs):
+    scores = [float(len(c)) for c in completions]
+    completions[:] = ["MUTATED"] * len(completions)
+    prompts[:] = ["MUTATED"] * len(prompts)
+    answer[:] = [-1] * len(answer)
+    for ids in completion_ids:
+        ids.extend([9] * 50)
+    return scores
 '''
 
 
@@ -119,3 +162,115 @@ def test_eval_names_an_async_reward_that_calls_sys_exit(rewards_file, tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert "reward 'bad_rewards.py:exits_async' called sys.exit(4) on row 0" in done.stderr, done.stderr
+
+
+def _steps(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line for line in map(json.loads, lines) if "loss" in line]
+
+
+@pytest.mark.slow
+def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards_file, tmp_path):
+    out = tmp_path / "run"
+    done = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:exits_hard_at_step_2"}}]',
+                    f"train.output_dir={out}", timeout=240)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    err = done.stderr
+    assert "Traceback" not in err, err
+    assert "reward 'bad_rewards.py:exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
+    assert f"at {rewards_file}:" in err and "never end the process" in err, err
+    assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
+
+
+@pytest.mark.slow
+def test_a_reward_that_sets_a_signal_alarm_is_told_to_set_timeout_0(rewards_file, tmp_path):
+    done = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed"}}]',
+                    f"train.output_dir={tmp_path / 'run'}", timeout=240)
+    assert done.returncode == 2, done.stderr[-3000:]
+    err = done.stderr
+    assert "Traceback" not in err, err
+    assert "reward 'bad_rewards.py:alarmed' raised ValueError: signal only works in main thread" in err, err
+    assert "set timeout = 0 in [[rewards]] entry 0 (rewards[0].timeout = 0)" in err, err
+    assert "main thread" in err.split("next:")[-1], err
+    ok = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed", timeout=0}}]',
+                  f"train.output_dir={tmp_path / 'run0'}", timeout=240)
+    assert ok.returncode == 0, ok.stderr[-3000:]  # the advice works
+    assert len(_steps(tmp_path / "run0")) == 2
+
+
+@pytest.mark.slow
+def test_timed_out_calls_left_spinning_are_counted_and_stop_the_run(rewards_file, tmp_path):
+    out = tmp_path / "run"
+    reward = f'rewards=[{{name="{rewards_file}:spins", timeout=1, on_error="none"}}]'
+    done = run_grpo("train", "quickstart", *FAST, reward, "train.steps=8", f"train.output_dir={out}", timeout=240)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    err = done.stderr
+    assert "Traceback" not in err, err
+    for n in (1, 2, 3):  # one warning per call left running, counting them
+        assert "warning: reward 'bad_rewards.py:spins' timed out (no result within 1 s)" in err, err
+        assert f"{n} such call(s) of it still run, and at 4 the run stops" in err, err
+    assert "reward 'bad_rewards.py:spins' timed out again (no result within 1 s) and 4 of its calls that timed " \
+           "out still run in background threads" in err, err
+    assert "rewards[0].timeout" in err and f"(waiting at {rewards_file}:" in err, err
+    assert [x["step"] for x in _steps(out)] == [1, 2, 3]  # what ran is kept
+
+
+@pytest.mark.slow
+def test_a_reward_that_mutates_its_arguments_does_not_change_the_rollouts(rewards_file, tmp_path):
+    out = tmp_path / "run"
+    rewards = f'rewards=[{{name="{rewards_file}:mutates"}}, {{name="length", args={{target=8}}}}]'
+    done = run_grpo("train", "quickstart", *FAST, rewards, f"train.output_dir={out}", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "rollouts" / "step-1.jsonl").read_text().splitlines()]
+    assert rows and not any("MUTATED" in json.dumps(row) for row in rows)
+    assert all(row["columns"]["answer"] != -1 for row in rows)
+    for row in rows:  # the reward after it saw the completions as generated
+        assert row["rewards"]["bad_rewards.py:mutates"] == float(len(row["completion"]))
+        assert row["rewards"]["length"] == -abs(len(row["completion"]) - 8) / 8
+    assert all(x["completions/max_length"] <= 8 for x in _steps(out))  # the ids trained on: as generated
+
+
+PLUGIN_PYPROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "grpo-quitter"
+version = "0.1.0"
+dependencies = ["grpocli"]
+
+[project.entry-points.grpo]
+quitter = "grpo_quitter"
+
+[tool.hatch.build.targets.wheel]
+only-include = ["grpo_quitter.py"]
+"""
+
+
+def test_a_plugin_whose_import_calls_sys_exit_is_named(tmp_path):
+    source = tmp_path / "grpo-quitter"
+    source.mkdir()
+    (source / "pyproject.toml").write_text(PLUGIN_PYPROJECT)
+    (source / "grpo_quitter.py").write_text("import sys\n\nsys.exit(5)  # at import\n")
+    site = install_plugin(source, tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if k not in ("GRPO_PLUGINS", "GRPO_DISABLE_PLUGIN_AUTOLOAD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    done = subprocess.run([sys.executable, "-m", "grpocli.cli.app", "train", "quickstart", "--dry-run"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    err = done.stderr
+    assert "Traceback" not in err, err
+    assert "plugin 'quitter' from distribution grpo-quitter called sys.exit(5) while being imported" in err, err
+    assert "pip uninstall grpo-quitter" in err and "GRPO_DISABLE_PLUGIN_AUTOLOAD=1" in err, err
+
+
+def test_a_reward_file_whose_import_calls_sys_exit_is_named(tmp_path):
+    path = tmp_path / "quits.py"
+    path.write_text("import sys\n\nsys.exit(6)\n\n\ndef reward(prompts, completions, **kwargs):\n    return []\n")
+    done = run_grpo("train", "quickstart", f'rewards=[{{name="{path}:reward"}}]', "--dry-run", timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"importing '{path}' called sys.exit(6) at {path}:3" in done.stderr, done.stderr
+    assert "rewards[0].name" in done.stderr, done.stderr

@@ -6,12 +6,16 @@ tests/faults/test_reward_faults.py."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
+from cli_runner import ROOT
 
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
@@ -109,3 +113,119 @@ def test_recipe_timeout_reaches_the_reward_fn_and_is_bounded():
     assert [f.timeout for f in resolve(specs, registry)] == [2.5, None]  # 0 = no limit
     with pytest.raises(UserError, match="timeout"):
         load_recipe("quickstart", ['rewards=[{name="length", timeout=-1}]'])
+
+
+# -- signals, os._exit, copies, status (the real `grpo train` side: tests/faults/test_reward_faults.py) --
+def alarmed(prompts, completions, **kwargs):
+    """Bounds itself as math-verify does: a SIGALRM handler and an alarm, which need the main thread."""
+    def late(signum, frame):
+        raise TimeoutError("too slow")
+
+    old = signal.signal(signal.SIGALRM, late)
+    signal.alarm(5)
+    try:
+        return [float(len(c)) for c in completions]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+async def alarmed_async(prompts, completions, **kwargs):
+    return alarmed(prompts, completions)
+
+
+@pytest.mark.parametrize("fn, key", [(alarmed, "to run it in the main thread"), (alarmed_async, "make it a plain def")])
+def test_a_reward_that_sets_an_alarm_is_told_to_run_in_the_main_thread(fn, key):
+    with pytest.raises(UserError) as info:
+        score([RewardFn("alarmed", fn, timeout=5)], PROMPTS, COMPLETIONS, {})
+    text = str(info.value)
+    assert "raised ValueError: signal only works in main thread" in text
+    assert "set timeout = 0 in [[rewards]] entry 0 (rewards[0].timeout = 0)" in text and key in text
+    assert "test_reward_hangs.py:" in text  # the reward's line, not signal.py's
+    # timeout = 0 (None here) runs it in the calling thread, this test's main thread, where the alarm works
+    assert score([RewardFn("alarmed", alarmed)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
+
+
+EXITS_HARD = """
+import json, multiprocessing, os, sys
+from grpocli.errors import UserError
+from grpocli.rewards import RewardFn, score
+
+def child(code):
+    os._exit(code)
+
+def forks_then_exits(prompts, completions, **kwargs):
+    codes = []
+    for target, args in ((int, ()), (child, (5,))):  # multiprocessing ends its child with os._exit too
+        p = multiprocessing.get_context("fork").Process(target=target, args=args)
+        p.start()
+        p.join(60)
+        codes.append(p.exitcode)
+    print(json.dumps(codes), flush=True)
+    os._exit(7)
+
+try:
+    score([RewardFn("hard", forks_then_exits, timeout=TIMEOUT)], ["p"], ["a"], {}, state={})  # no transformers
+except UserError as exc:
+    print(exc, flush=True)
+    sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("timeout", [None, 30])  # in the calling thread, in a thread of its own
+def test_os_exit_in_a_reward_is_an_error_and_a_forked_child_still_exits(tmp_path, timeout):
+    """In a process of its own: were os._exit not caught, it would end pytest."""
+    script = tmp_path / "exits_hard.py"
+    script.write_text(EXITS_HARD.replace("TIMEOUT", repr(timeout)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert done.stdout.splitlines()[0] == "[0, 5]", done.stdout  # the children ended as they asked
+    assert "reward 'hard' called os._exit(7) on row 0 (completion 'a')" in done.stdout, done.stdout
+    assert f"at {script}:" in done.stdout and "never end the process" in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_each_reward_gets_its_own_copies_of_the_batch():
+    prompts = [[{"role": "user", "content": "2+2?"}]] * 2
+    completions, ids, columns = ["4", "5"], [[1, 2], [3]], {"answer": [["4"], ["4"]]}
+
+    def vandal(prompts, completions, completion_ids, answer, **kwargs):
+        prompts[0][0]["content"] = completions[0][0]["content"] = "changed"
+        completions.append([{"role": "assistant", "content": "extra"}])
+        completion_ids[0].append(9)
+        answer[1].append("changed")
+        return [0.0, 0.0]
+
+    seen = {}
+
+    def witness(prompts, completions, completion_ids, answer, **kwargs):
+        seen.update(prompts=prompts, completions=completions, completion_ids=completion_ids, answer=answer)
+        return [1.0, 1.0]
+
+    score([RewardFn("vandal", vandal), RewardFn("witness", witness)], prompts, completions, columns,
+          completion_ids=ids)
+    assert prompts == [[{"role": "user", "content": "2+2?"}]] * 2  # the caller's, as they were
+    assert (completions, ids, columns) == (["4", "5"], [[1, 2], [3]], {"answer": [["4"], ["4"]]})
+    assert seen["prompts"] == prompts and seen["completion_ids"] == ids and seen["answer"] == [["4"], ["4"]]
+    assert seen["completions"] == [[{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}]]
+
+
+def test_the_status_names_each_reward_before_it_is_called():
+    said: list[str] = []
+
+    def first(prompts, completions, **kwargs):
+        assert said[-1] == "'first'"
+        return [0.0] * len(completions)
+
+    async def second(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    def third(prompts, completions, **kwargs):
+        assert said[-1] == "'third'"
+        return [0.0] * len(completions)
+
+    score([RewardFn("first", first), RewardFn("second", second), RewardFn("third", third)],
+          PROMPTS, COMPLETIONS, {}, doing=said.append)
+    assert said == ["'second'", "'first'", "'third'"]  # async ones start first, together

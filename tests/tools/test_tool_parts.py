@@ -126,6 +126,38 @@ def test_tool_turn_tokens_come_from_the_chat_template_alone():
     assert prompt.endswith("<|im_start|>user\n12*34=<|im_end|>\n<|im_start|>assistant\n")
 
 
+
+class RecordingTokenizer:
+    """A real tokenizer that remembers the longest text it was asked to tokenize."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.longest = tok, 0
+
+    def __call__(self, text, **kwargs):
+        self.longest = max(self.longest, *(len(t) for t in ([text] if isinstance(text, str) else text)))
+        return self.tok(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+def test_a_tool_result_too_long_for_the_budget_is_cut_before_it_is_tokenized():
+    from grpocli.models import build_char_tokenizer
+
+    tok = RecordingTokenizer(build_char_tokenizer())
+    turns = ToolTurns(tok)
+    short = {"role": "tool", "name": "calculator", "content": "408"}
+    assert turns.fit([short], 100) == ([short], turns.ids([short]))  # it fits: as it is
+    huge = {"role": "tool", "name": "dump", "content": "x" * 10_000_000}
+    messages, ids = turns.fit([short, huge], 200)
+    assert len(ids) <= 200 and ids == turns.ids(messages)
+    assert messages[0] == short  # the longest result is the one cut
+    assert messages[1]["content"].startswith("xxxx")
+    assert messages[1]["content"].endswith(" of 10000000 characters kept]")
+    assert tok.longest <= 200 * turns.max_token_chars + 200  # never the 10 MB (tens of seconds to tokenize)
+    assert turns.fit([huge], 10) is None  # not even the note fits: the rollout ends (truncated)
+
+
 # -- built-ins -------------------------------------------------------------------------------
 def test_calculator_is_exact_and_refuses_what_is_not_arithmetic():
     assert calculator("4821 * 37") == "178377"

@@ -1,0 +1,151 @@
+"""What a failed reward call turns into: the UserError that stops the run, or a None score.
+
+A reward that raised, called ``sys.exit()`` or ``os._exit()``, or ran past its timeout stops the
+run with one message naming the reward, the row (found by scoring the batch again row by row)
+and what to do, unless its ``on_error = "none"`` scores the batch None. A call that timed out
+cannot be stopped (Python has no way to kill a thread) and may go on in its thread: each time
+that happens under ``on_error = "none"`` a warning says how many such calls of the reward still
+run, and at MAX_LEFT_RUNNING the run stops, before they take the CPU and memory of every step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from grpocli.errors import UserError
+from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at, runs_inline
+
+if TYPE_CHECKING:
+    from grpocli.rewards.scoring import RewardFn
+
+MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
+MAX_SECONDS_TO_LOCATE = 30.0
+#: Calls of one reward that timed out and still run (in threads left behind) at which the run stops.
+MAX_LEFT_RUNNING = 4
+
+#: Scores one row of the batch alone, within a timeout (None: no bound): its outcome or Failed.
+Rescore = Callable[[int, "float | None"], Any]
+
+
+def fail(i: int, rf: RewardFn, exc: BaseException, completions: list, columns: dict[str, list],
+         timeout: float | None, rescore: Rescore) -> None:
+    """Raise the UserError for reward ``i`` that failed with ``exc`` on this batch, unless its
+    on_error = "none" keeps the run going (warning about timed-out calls that still run)."""
+    if isinstance(exc, UserError):
+        if exc.where is None:
+            raise UserError(exc.what, where=f"rewards[{i}] ({rf.name})", valid=exc.valid, hint=exc.hint) from exc
+        raise exc
+    if rf.on_error == "none":
+        if isinstance(exc, RewardTimeout):
+            _left_running(i, rf, exc, timeout, len(completions))
+        return
+    row = None
+    if not getattr(exc, "blocked_loop", False):  # a blocked loop would only block again
+        row = _locate_row(rescore, type(exc), len(completions), timeout)
+    place = f"on a batch of {len(completions)} completions"
+    if row is not None:
+        place = f"on row {row} (completion {short(completions[row])})"
+    what, hint = _failure(i, rf, exc, timeout, columns)
+    raise UserError(f"reward {rf.name!r} {what} {place}{_origin(exc)}", where=f"rewards[{i}] ({rf.name})",
+                    hint=hint) from exc
+
+
+def _failure(i: int, rf: RewardFn, exc: BaseException, timeout: float | None,
+             columns: dict[str, list]) -> tuple[str, str]:
+    """What went wrong in words, and what to do about it."""
+    none = f'set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+    if isinstance(exc, RewardTimeout) and exc.blocked_loop:
+        return (f"timed out: {exc}, and the event loop that async rewards share stopped answering",
+                (f"an `async def` reward must await, never block (time.sleep, requests, a lock): use "
+                 f"asyncio.sleep or an async client, or make it a plain def (rewards[{i}].timeout then "
+                 "bounds it in a thread of its own)"))
+    if isinstance(exc, RewardTimeout):
+        seconds = timeout if timeout is not None else exc.seconds
+        return (f"timed out: {exc}",
+                (f"if it is only slow, raise rewards[{i}].timeout (now {seconds:g} s; 0 = no limit); if "
+                 f"it hangs (a network call without a timeout, a lock, input()), fix the function; or {none}"))
+    if isinstance(exc, (SystemExit, ProcessExit)):
+        call = "sys.exit" if isinstance(exc, SystemExit) else "os._exit"
+        stopped = "" if isinstance(exc, SystemExit) else " (grpo stopped this call before it ended the process)"
+        return (f"called {call}({exc.code!r})",
+                (f"a reward must return one score per completion and never end the process{stopped}: return "
+                 f"None for a completion it cannot score, or raise an exception; or {none}"))
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+        return (f"raised TypeError: {exc}",
+                (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
+                 f"({', '.join(sorted(columns)) or 'none'}) and its args by name"))
+    if _signals_off_the_main_thread(exc) and (is_async(rf.fn) or (timeout is not None and not runs_inline(rf.fn))):
+        return f"raised {type(exc).__name__}: {exc}", _main_thread_hint(i, rf, timeout)
+    return f"raised {type(exc).__name__}: {exc}", f"fix the function, or {none}"
+
+
+def _signals_off_the_main_thread(exc: BaseException) -> bool:
+    """Whether ``exc`` is Python (or math-verify) refusing a signal handler or alarm outside the
+    main thread: 'signal only works in main thread of the main interpreter'."""
+    text = str(exc).lower()
+    return isinstance(exc, ValueError) and "signal" in text and "thread" in text
+
+
+def _main_thread_hint(i: int, rf: RewardFn, timeout: float | None) -> str:
+    why = ("it sets a signal handler or alarm (signal.signal / signal.alarm, as math-verify's parse and verify "
+           "do with their default timeouts), which Python allows only in the main thread")
+    key = f"set timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout = 0)"
+    if is_async(rf.fn):
+        return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def and "
+                f"{key}, which runs it in the main thread")
+    return (f"{why}, and rewards[{i}].timeout = {timeout:g} s runs it in a thread of its own: {key} to run it in "
+            "the main thread, where its own alarm bounds it")
+
+
+def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | None, n: int) -> None:
+    """Warn that a timed-out call goes on in its thread; UserError once MAX_LEFT_RUNNING do."""
+    seconds = timeout if timeout is not None else exc.seconds
+    raise_it = (f"if it is only slow, raise rewards[{i}].timeout (now {seconds:g} s; 0 = no limit); if it hangs "
+                "or spins (a network call without a timeout, a lock, a loop that never ends), fix the function")
+    if exc.still_running >= MAX_LEFT_RUNNING:
+        raise UserError(
+            f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {exc.still_running} of its "
+            "calls that timed out still run in background threads, which Python cannot stop: each one takes CPU "
+            f"and memory from every step{_origin(exc)}",
+            where=f"rewards[{i}] ({rf.name})",
+            valid=f"calls that return within the timeout, or end soon after it (the run stops when "
+            f"{MAX_LEFT_RUNNING} still run)",
+            hint=raise_it,
+        )
+    print(f"warning: reward {rf.name!r} timed out (no result within {seconds:g} s) on a batch of {n} completions "
+          f"and scores it None (on_error = \"none\"); Python cannot stop the call, which goes on in a background "
+          f"thread{_origin(exc)}: {exc.still_running} such call(s) of it still run, and at {MAX_LEFT_RUNNING} "
+          f"the run stops; {raise_it}", file=sys.stderr, flush=True)
+
+
+def _locate_row(rescore: Rescore, exc_type: type, n: int, timeout: float | None) -> int | None:
+    """The first row that fails the same way when scored alone (None if none does, or if looking
+    takes longer than MAX_SECONDS_TO_LOCATE; each row gets the reward's timeout or what is left)."""
+    deadline = time.monotonic() + MAX_SECONDS_TO_LOCATE
+    for row in range(min(n, MAX_ROWS_TO_LOCATE)):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        outcome = rescore(row, None if timeout is None else min(timeout, left))
+        if isinstance(outcome, Failed) and isinstance(outcome.exc, exc_type):
+            return row
+    return None
+
+
+def _origin(exc: BaseException) -> str:
+    """' at file:line' where it was raised, in the reward's own code where it can (past the
+    standard library and installed packages); for a call that timed out, where it was waiting."""
+    if isinstance(exc, RewardTimeout):
+        return f" (waiting at {exc.stuck_at})" if exc.stuck_at else ""
+    at = raised_at(exc)
+    return f" at {at}" if at else ""
+
+
+def short(value: Any) -> str:
+    """A value as a message shows it: its repr (a message list: its last content), at most 80 characters."""
+    text = repr(value if not isinstance(value, list) or not value or not isinstance(value[0], dict)
+                else value[-1].get("content", value))
+    return text if len(text) <= 80 else text[:77] + "..."
