@@ -119,8 +119,9 @@ class Slice:
 
 
 class Loop:
-    def __init__(self, s: Session, stops: StopSignals) -> None:
-        self.s, self.stops = s, stops
+    def __init__(self, s: Session, stops: StopSignals | None = None) -> None:
+        self.s = s
+        self.stops = stops or StopSignals(checkpoint_first=False)  # none installed: signals act as Python's default
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
