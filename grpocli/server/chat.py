@@ -51,13 +51,26 @@ def check_templates(req: Any, *, trusted: bool) -> None:
         if not isinstance(template, str):
             raise ServerError(400, f"{name}: a chat template is a string, not {type(template).__name__}")
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         try:
-            ImmutableSandboxedEnvironment().parse(template)
+            _compile(template)
         except jinja2.TemplateSyntaxError as exc:
             raise ServerError(400, f"{name}: the template does not parse (line {exc.lineno}: {exc.message}); "
                                    "send a valid jinja template, or leave the field out") from None
+
+
+def _compile(template: str) -> None:
+    """Compile ``template`` as transformers will render it (its sandboxed environment and extensions:
+    loop controls, {% generation %}); jinja2.TemplateSyntaxError if it does not parse."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers: the sandbox with jinja's loop controls
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+        return
+    _compile_jinja_template(template)
 
 
 async def render_off_engine(llm: Any, req: Any, *, text_limit: int) -> list[dict[str, Any]]:

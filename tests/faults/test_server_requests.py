@@ -141,7 +141,7 @@ def test_a_trusted_template_that_loops_is_stopped_off_the_engine_thread(trusting
     assert time.monotonic() - t0 < 20
     status, answer = call(trusting, "POST", "/v1/chat/completions", {"messages": HI, "chat_template": "{% for %}"})
     assert status == 400 and answer["detail"].startswith("chat_template: the template does not parse (line 1"), answer
-    good = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    good = "{% for m in messages %}{{ m['content'] }}{% break %}{% endfor %}"  # transformers' loop controls
     status, answer = call(trusting, "POST", "/v1/chat/completions",
                           {"messages": HI, "chat_template": good, "max_tokens": 2}, timeout=10)
     assert status == 200 and answer["prompt_token_ids"] == [81, 82], answer  # "hi", as that template says
