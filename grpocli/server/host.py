@@ -36,7 +36,7 @@ from typing import Any
 from grpocli.generation.devices import gpu_identity, use_device
 from grpocli.generation.weights import TensorSpec, broadcast, bucket_bytes, dtype_name, spec_problems, unflatten_bucket
 from grpocli.server.group import BroadcastGroup
-from grpocli.server.inflight import Cancel, call_off, guard_steps, wait_for
+from grpocli.server.inflight import Cancel, Cancelled, call_off, guard_steps, wait_for
 from grpocli.server.update import ABORT, END, WeightUpdate, reason
 from grpocli.server.worker import Job, ServerError, Worker
 
@@ -317,7 +317,10 @@ def _job(call: Any, timeout: float, label: str | None = None) -> tuple[Job, Canc
 
 
 def as_answer(exc: Exception) -> Exception:
-    """An engine call's exception as the request's answer: bad input -> 400, the rest as it is."""
+    """An engine call's exception as the request's answer: bad input -> 400, a call called off
+    while someone still waits (the server closing) -> 503, the rest as it is."""
+    if isinstance(exc, Cancelled):
+        return ServerError(503, f"the engine call was called off: {exc}")
     if isinstance(exc, ServerError) or not is_bad_input(exc):
         return exc
     return ServerError(400, f"{type(exc).__name__}: {exc}")

@@ -68,13 +68,23 @@ def test_a_call_past_its_timeout_is_aborted_at_the_engines_next_step():
 
 
 def test_close_calls_off_the_running_call_and_shuts_the_engine_down():
-    engine = Engine()
+    engine, answers = Engine(), []
+
+    def wait() -> None:
+        try:
+            host.run(engine.generate_forever, timeout=60)
+        except ServerError as exc:
+            answers.append(exc)
+
     host = EngineHost(engine)
-    threading.Thread(target=lambda: host.run(engine.generate_forever, timeout=60), daemon=True).start()
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
     while engine.llm.llm_engine.steps == 0:
         time.sleep(0.01)
     assert host.close(wait=5) is True
     assert engine.closed
+    waiting.join(5)
+    assert [(e.status, e.reason) for e in answers] == [(503, "the engine call was called off: the server is closing")]
 
 
 def test_close_leaves_an_engine_stuck_inside_a_call_without_waiting_for_it():
