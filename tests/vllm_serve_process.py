@@ -18,10 +18,10 @@ def free_port() -> int:
 
 class Server:
     """A real `grpo vllm-serve` subprocess on 127.0.0.1 (a free port), started with an API key
-    (``api_key=None``: without one, as TRL's client needs: it sends none)."""
+    (``api_key=None``: without one, as TRL's client needs: it sends none); ``args``: more flags."""
 
     def __init__(self, model_dir, log_path, api_key: str | None = API_KEY, env: dict | None = None,
-                 max_model_len: int = 256) -> None:
+                 max_model_len: int = 256, args: tuple[str, ...] = ()) -> None:
         import subprocess
         import sys
 
@@ -32,7 +32,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", self.model_dir,
              "--port", str(self.port), "--dtype", "float32", "--max-model-len", str(max_model_len),
-             *(["--api-key", self.key] if self.key else [])],
+             *(["--api-key", self.key] if self.key else []), *args],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 

@@ -27,7 +27,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default: loopback only)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     api_key: str = typer.Option(None, "--api-key", help="Require this key on state-changing endpoints."),
-    max_model_len: int = typer.Option(None, "--max-model-len", min=16, help="Engine context length."),
+    max_model_len: int = typer.Option(None, "--max-model-len", min=16, help="Engine context length (at most the model's own)."),
     dtype: str = typer.Option("auto", "--dtype", help="Weights dtype (auto, float32, bfloat16, float16)."),
     request_timeout: float = typer.Option(
         1800.0, "--request-timeout", min=1.0,
@@ -40,6 +40,10 @@ def serve(
         help="No CUDA graphs (default: eager on a CPU, graphs on a GPU)."),
     max_num_batched_tokens: int = typer.Option(
         None, "--max-num-batched-tokens", min=16, help="Tokens the engine schedules per step (default: vLLM's)."),
+    trust_request_chat_template: bool = typer.Option(
+        False, "--trust-request-chat-template",
+        help="Run chat templates that requests bring (chat_template, chat_template_kwargs.chat_template); "
+             "off: refused with a 400, as in vLLM. A template is code: trust only your own clients."),
 ) -> None:
     from grpocli.errors import UserError, did_you_mean
 
@@ -56,4 +60,5 @@ def serve(
         ) from None
     run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype,
                request_timeout=request_timeout, gpu_memory_utilization=gpu_memory_utilization,
-               enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens)
+               enforce_eager=enforce_eager, max_num_batched_tokens=max_num_batched_tokens,
+               trust_request_chat_template=trust_request_chat_template)

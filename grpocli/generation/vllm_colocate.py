@@ -107,6 +107,54 @@ def check_head_size(model_dir: str | Path, where: str) -> None:
         )
 
 
+#: The config.json keys vLLM reads a model's context length from (the smallest given wins;
+#: vllm.transformers_utils.model_arch_config_convertor), and the RoPE types whose factor it does
+#: not multiply in (their max_position_embeddings is already scaled).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
+                "max_sequence_length", "max_seq_length", "seq_len")
+_SCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def model_context(model_dir: str | Path) -> tuple[int, str] | None:
+    """The longest context vLLM allows ``model_dir``'s model, and the config.json key it comes from,
+    worked out as vLLM does; None where the config does not say (vLLM then takes what it is given)."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    given = [(text[k], k) for k in CONTEXT_KEYS if isinstance(text.get(k), (int, float))]
+    if isinstance(text.get("model_max_length"), (int, float)):
+        given = [(text["model_max_length"], "model_max_length")]  # vLLM: it overrides the others
+    if not given:
+        return None
+    length, key = min(given)
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in (*_SCALED_ROPE, None, "default"):
+        length *= rope.get("factor") or 1.0
+    return int(length), key
+
+
+def check_context_length(model_dir: str | Path, max_model_len: int | None, where: str) -> None:
+    """UserError (exit 2) before vLLM loads when ``max_model_len`` is longer than the model's context
+    (vLLM's own check fails later, as a pydantic traceback); ``where`` names the setting(s) it came
+    from. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it, as in vLLM."""
+    context = model_context(model_dir)
+    if max_model_len is None or context is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+        return
+    length, key = context
+    if max_model_len > length:
+        fix = f"{where}={length}" if "+" not in where else f"make {where} at most {length}"
+        raise UserError(
+            f"the engine's context ({max_model_len} tokens) is longer than the model's: its config.json says "
+            f"{key} = {length}", where=where, valid=f"at most {length}",
+            hint=f"{fix} (or export VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 for a model whose position encoding "
+                 "takes longer sequences)",
+        )
+
+
 class VllmEngine:
     """``vllm.LLM`` in this process: generate from token ids, reload weights in place.
 
@@ -114,15 +162,18 @@ class VllmEngine:
     available, else the CPU); ``parallel``: the training processes it is one of (a colocated
     engine: vLLM's external launcher on CUDA, see grpocli.generation.engine_options), None for an
     engine alone in its process (`grpo vllm-serve`). ``enforce_eager`` None: on for a CPU, off on
-    CUDA; ``max_num_batched_tokens`` None: 4096 on CUDA, vLLM's own on a CPU.
+    CUDA; ``max_num_batched_tokens`` None: 4096 on CUDA, vLLM's own on a CPU. ``where`` and
+    ``length_where`` name the setting a UserError blames (the model; the context length).
     """
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "auto", max_model_len: int | None = None,
                  enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_logprobs: int = 1, max_num_batched_tokens: int | None = None, device: Any = None,
-                 parallel: Parallel | None = None, where: str = "generation.backend") -> None:
+                 parallel: Parallel | None = None, where: str = "generation.backend",
+                 length_where: str = "vllm.max_model_len") -> None:
         import torch
 
+        check_context_length(model_dir, max_model_len, length_where)
         vllm = import_vllm(where)
         check_head_size(model_dir, where)
         if torch.cuda.is_available():  # vLLM's CUDA platform: the engine is on a GPU
@@ -257,6 +308,8 @@ class VllmColocateBackend(PromptEncoder):
             self.engine = VllmEngine(
                 tmp, dtype=engine_dtype(v.dtype, dtype, cuda=cuda, bf16=cuda and torch.cuda.is_bf16_supported()),
                 max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
+                length_where="vllm.max_model_len" if v.max_model_len else
+                "data.max_prompt_length + generation.max_completion_length",
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
                 max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
             )

@@ -56,7 +56,9 @@ class VllmSection(Section):
         "vLLM's own on a CPU.",
         json_schema_extra=FREE_ON_RESUME,
     )
-    max_model_len: int | None = Field(None, ge=16, description="Engine context (default: prompt + completion).")
+    max_model_len: int | None = Field(
+        None, ge=16, description="Engine context (default: prompt + completion); at most the model's own (its "
+        "config.json's max_position_embeddings or the like), checked before the engine loads.")
     kv_cache_gb: float = Field(
         1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).",
         json_schema_extra=FREE_ON_RESUME,

@@ -4,8 +4,12 @@ The server binds 127.0.0.1 unless told otherwise. With an API key, every route t
 state (weights, cache, group, close) requires it, as ``Authorization: Bearer KEY`` or
 ``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong (a 422
 lists each field's location and reason, never echoing the input back: it may hold a NaN, which
-JSON cannot carry); no request can stop the server except POST /close. /health answers 503 with
-the reason when the engine is stuck or dead (grpocli.server.host), so a supervisor can restart it. The paths and fields are listed in protocol.py;
+JSON cannot carry); no request can stop the server except POST /close, which stops it even when
+the engine is stuck (``run_server``). /health answers 503 with the reason when the engine is stuck
+or dead (grpocli.server.host), so a supervisor can restart it, and says "updating" or
+"weights_incomplete" (200) while the weights are not one complete version. A request whose client
+disconnects, or that runs past ``request_timeout``, is aborted inside the engine
+(grpocli.server.inflight). The paths and fields are listed in protocol.py;
 TRL's VLLMClient paths are added by trl.py. As with TRL's own server (``--max-logprobs -1``), a
 request may ask for any number of log-probs.
 """
@@ -20,6 +24,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from grpocli.server.chat import check_text_length
 from grpocli.server.host import EngineHost, ServerError
 from grpocli.server.protocol import (
     PROTOCOL_VERSION,
@@ -35,8 +40,10 @@ REQUEST_TIMEOUT = 1800.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: float = REQUEST_TIMEOUT) -> Any:
-    """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close)."""
+def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
+              trust_request_chat_template: bool = False) -> Any:
+    """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close).
+    ``trust_request_chat_template``: run chat templates that requests bring (grpocli.server.chat)."""
     app = FastAPI(title="grpo vllm-serve", version=str(PROTOCOL_VERSION))
     app.state.host, app.state.server = host, None
     key = Depends(key_check(api_key, env="GRPO_VLLM_API_KEY"))
@@ -46,7 +53,7 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
 
     from grpocli.server.trl import add_trl_routes
 
-    add_trl_routes(app, host, key, request_timeout=request_timeout)
+    add_trl_routes(app, host, key, request_timeout=request_timeout, trust_templates=trust_request_chat_template)
     return app
 
 
@@ -60,11 +67,14 @@ def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: fl
         return {"protocol": PROTOCOL_VERSION, **host.info()}
 
     @app.post("/generate")
-    def generate(req: GenerateRequest) -> dict[str, Any]:
-        out = host.generate(req.prompts if req.prompts is not None else req.prompt_ids, req.n, _sampling(req),
-                            seed=req.seed, logprobs=req.logprobs, timeout=request_timeout)
+    async def generate(req: GenerateRequest, request: Request) -> dict[str, Any]:
+        if req.prompts is not None:
+            check_text_length(req.prompts, host.prompt_chars(), where="prompts")
+        out, version = await host.answer(request, _engine_generate, req.prompts or req.prompt_ids, req.n,
+                                         _sampling(req), seed=req.seed, logprobs=req.logprobs,
+                                         timeout=request_timeout)
         return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs,
-                "truncated": out.truncated, "weights_version": host.version}
+                "truncated": out.truncated, "weights_version": version}
 
     @app.post("/reset_prefix_cache", dependencies=[key])
     def reset_prefix_cache() -> dict[str, Any]:
@@ -127,11 +137,22 @@ def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
 
 
 def health_answer(host: EngineHost) -> Any:
-    """{"status": "ok"}, or a 503 {"status": "unhealthy", "detail": why} for a stuck or dead engine."""
+    """{"status": "ok"} when the server can generate; a 503 {"status": "unhealthy", "detail": why} for
+    a stuck or dead engine (restart it); 200 {"status": "updating" | "weights_incomplete", "detail": why,
+    "weights_version": N} while a weight update is in flight or after one failed: the server is alive
+    and refuses generation (409) until a complete update ends, which a restart would not bring."""
     problem = host.health()
-    if problem is None:
-        return {"status": "ok"}
-    return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": problem})
+    if problem is not None:
+        return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": problem})
+    state = host.weights_state()
+    if state is not None:
+        return {"status": state[0], "detail": state[1], "weights_version": host.version}
+    return {"status": "ok"}
+
+
+def _engine_generate(engine: Any, prompts: list, n: int, sampling: Any, *, seed: Any, logprobs: bool) -> Any:
+    """The engine's Generated (on the engine thread)."""
+    return engine.generate(prompts, n, sampling, logprobs=logprobs, seed=seed)
 
 
 def add_error_handlers(app: Any) -> None:
@@ -179,13 +200,18 @@ def _sampling(req: Any) -> Any:
 def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
                enforce_eager: bool | None = None, kv_cache_gb: float = 1.0, seed: int = 0,
-               request_timeout: float = REQUEST_TIMEOUT, max_num_batched_tokens: int | None = None) -> None:
+               request_timeout: float = REQUEST_TIMEOUT, max_num_batched_tokens: int | None = None,
+               trust_request_chat_template: bool = False) -> None:
     """Start a vLLM engine on ``model`` and serve it until POST /close or a signal. ``enforce_eager``
-    None: on for a CPU, off on CUDA (CUDA graphs); the engine runs on this process's current GPU."""
+    None: on for a CPU, off on CUDA (CUDA graphs); the engine runs on this process's current GPU.
+
+    Stopping is bounded (grpocli.server.stopping): requests still in flight get ``GRACE`` s, then
+    are called off; an engine still inside a call after that (stuck) is left, and the process exits."""
     import uvicorn
 
     from grpocli.generation.vllm_colocate import VllmEngine, prepare_vllm_environment
     from grpocli.models.source import resolve
+    from grpocli.server.stopping import GRACE, StoppingServer, exit_now
 
     source = resolve(model, key="--model")
     check_port(host, port, command="grpo vllm-serve")  # before the engine's half minute of start-up
@@ -196,18 +222,21 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     t0 = time.perf_counter()
     engine = VllmEngine(source.path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                         gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=-1,
-                        max_num_batched_tokens=max_num_batched_tokens, where="--model")
+                        max_num_batched_tokens=max_num_batched_tokens, where="--model",
+                        length_where="--max-model-len")
     engine_host = EngineHost(engine, bind_host=host)
-    app = build_app(engine_host, api_key=api_key, request_timeout=request_timeout)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    app = build_app(engine_host, api_key=api_key, request_timeout=request_timeout,
+                    trust_request_chat_template=trust_request_chat_template)
+    server = StoppingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=GRACE), engine_host)
     app.state.server = server
     print(f"grpo vllm-serve: engine on {source.path} started in {time.perf_counter() - t0:.1f} s; serving "
           f"http://{host}:{port} (protocol {PROTOCOL_VERSION}, max_model_len {engine.max_model_len})", flush=True)
     try:
         server.run()
     finally:
-        engine_host.close()
+        if not engine_host.close(wait=GRACE):
+            exit_now(f"the engine is still inside a call ({engine_host.health() or 'busy'})")
 
 
 def check_port(host: str, port: int, *, command: str) -> None:

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from grpocli.server.host import ServerError, is_bad_input
 from grpocli.server.protocol import TOP_K_MAX, Checked, Seed
@@ -84,12 +84,48 @@ class ChatRequest(_Sampled):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
+    @field_validator("messages")
+    @classmethod
+    def _messages_are_text(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, message in enumerate(messages):
+            message_problem(message, f"messages[{i}]")
+        return messages
+
     @model_validator(mode="after")
     def _tools_are_rendered_only(self) -> ChatRequest:
         if self.tools and self.tool_choice not in (None, "none"):
             raise ValueError("tool_choice must be 'none' (as TRL sends it): grpo vllm-serve renders the tools into "
                              "the prompt and returns the text; the caller parses tool calls")
         return self
+
+
+def message_problem(message: dict[str, Any], where: str) -> None:
+    """ValueError (pydantic's 422) naming the field of a chat message that is not one vLLM can render:
+    a role that is not text, content that is not text, null or a list of content parts ({"type": ...})."""
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise ValueError(  # noqa: TRY004 - pydantic turns a ValueError into the 422
+            f"{where}.role: must be text ('system', 'user', 'assistant', 'tool', ...), not {_kind(role)}")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ValueError(  # noqa: TRY004
+            f"{where}.content: must be text, a list of content parts or null, not {_kind(content)}")
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise ValueError(  # noqa: TRY004
+                f"{at}: a content part is an object with a 'type' ('text', ...), not {_kind(part)}")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise ValueError(f"{at}.text: a text part's 'text' must be text, not {_kind(part.get('text'))}")
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else f"a JSON {_JSON_NAMES.get(type(value), type(value).__name__)}"
+
+
+_JSON_NAMES = {int: "number", float: "number", bool: "boolean", dict: "object", list: "array", str: "string"}
 
 
 # -- request -> vLLM ----------------------------------------------------------------------------
@@ -106,10 +142,7 @@ def vllm_params(req: _Sampled, logprobs: int | None) -> Any:
                                f"fields and vLLM's sampling fields ({', '.join(sorted(passed))})")
     kwargs = {k: v for k, v in extra.items() if k in passed}
     if req.structured_outputs:
-        try:
-            kwargs["structured_outputs"] = StructuredOutputsParams(**req.structured_outputs)
-        except (TypeError, ValueError) as exc:
-            raise ServerError(400, f"structured_outputs: {exc}") from None
+        kwargs["structured_outputs"] = structured_outputs(req.structured_outputs, StructuredOutputsParams)
     stop = req.stop
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or 16
     try:
@@ -123,6 +156,24 @@ def vllm_params(req: _Sampled, logprobs: int | None) -> Any:
         if not is_bad_input(exc):  # vLLM's VLLMValidationError is a VLLMClientError, not a ValueError
             raise
         raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
+
+
+#: The kinds of StructuredOutputsParams, of which a request gives exactly one.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def structured_outputs(given: dict[str, Any], params_class: Any) -> Any:
+    """vLLM's StructuredOutputsParams of ``given``, or a 400 naming what is wrong with it."""
+    kinds = [k for k in STRUCTURED_KINDS if given.get(k) is not None]
+    if len(kinds) != 1:
+        raise ServerError(400, f"structured_outputs: give exactly one kind of constraint ({', '.join(STRUCTURED_KINDS)}), "
+                               f"not {' and '.join(map(repr, kinds)) if kinds else 'none'}")
+    try:
+        return params_class(**given)
+    except Exception as exc:
+        if isinstance(exc, TypeError) or is_bad_input(exc):  # an unknown key; vLLM's own checks
+            raise ServerError(400, f"structured_outputs: {exc}") from None
+        raise
 
 
 def greedy_repeats(req: _Sampled) -> int:

@@ -2,17 +2,25 @@
 
 Every engine call (generate, reload, cache reset) is a job of one Worker (grpocli.server.worker),
 run on its thread in the order it came, so requests never race inside vLLM. A weight update is a
-stream: ``begin`` queues one call of vLLM's ``reload_weights`` on that thread whose weight
-iterator reads buckets from a small queue; ``bucket`` / ``broadcast`` put checked tensors on it;
-``end`` closes it and waits. Memory stays at about two buckets. Every wait is bounded: a bucket
-that does not come within the update's timeout fails the update with that reason, and a failed or
-abandoned update leaves the engine marked as holding incomplete weights (generation is refused with
-that reason) until a complete update succeeds.
+stream (grpocli.server.update): ``begin`` queues one call of vLLM's ``reload_weights`` on that
+thread whose weight iterator reads buckets from a small queue; ``bucket`` / ``broadcast`` put
+checked tensors on it; ``end`` closes it and waits. Memory stays at about two buckets. Every wait
+is bounded: a bucket that does not come within the update's timeout fails the update with that
+reason, and a failed or abandoned update leaves the engine marked as holding incomplete weights
+until a complete update succeeds.
 
-No request can wedge the engine: when an engine call raises, every request still inside vLLM is
-aborted on that same thread before the next call runs, so the error fails that request alone. If
-that clean-up itself fails the engine is marked dead; a call still running past its deadline marks
-it stuck. Both are refused with a 503 and reported by /health (see ``health``).
+Generation only ever sees a complete, announced version of the weights: it is refused (409)
+while an update is in flight or the weights are incomplete, both when it is queued and again on
+the engine thread when it runs (where the reload ran too), and it answers with the version it
+was computed from. The version moves, and the incomplete mark is set or cleared, on the engine
+thread as each reload ends.
+
+No request can wedge the engine: a request's job is called off when its client disconnects or
+its time is up (grpocli.server.inflight: at the engine's next step), and when an engine call
+raises, every request still inside vLLM is aborted on that same thread before the next call
+runs, so the error fails that request alone. If that clean-up itself fails the engine is marked
+dead; a call still running past its deadline marks it stuck. Both are refused with a 503 and
+reported by /health (see ``health``).
 """
 
 from __future__ import annotations
@@ -22,86 +30,15 @@ import functools
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from grpocli.generation.devices import gpu_identity, use_device
-from grpocli.generation.weights import (
-    Named,
-    TensorSpec,
-    broadcast,
-    bucket_bytes,
-    dtype_name,
-    open_group,
-    spec_problems,
-    unflatten_bucket,
-)
+from grpocli.generation.weights import TensorSpec, broadcast, bucket_bytes, dtype_name, spec_problems, unflatten_bucket
+from grpocli.server.group import BroadcastGroup
+from grpocli.server.inflight import Cancel, Cancelled, call_off, guard_steps, wait_for
+from grpocli.server.update import ABORT, END, WeightUpdate, reason
 from grpocli.server.worker import Job, ServerError, Worker
-
-_END, _ABORT = object(), object()
-
-
-class WeightUpdate:
-    """One update in flight: checked buckets on a bounded queue, consumed by the engine thread."""
-
-    def __init__(self, expected: dict[str, TensorSpec], aliases: dict[str, str], timeout: float,
-                 transport: str, *, complete: bool = True) -> None:
-        self.id = uuid.uuid4().hex
-        self.expected, self.aliases, self.timeout, self.transport = expected, aliases, timeout, transport
-        self.complete = complete  # must every tensor come? (TRL's updates may carry whole layers only)
-        self.repeats: dict[str, list[str]] = {}  # name -> its aliases (tied weights travel once)
-        for alias, name in aliases.items():
-            self.repeats.setdefault(name, []).append(alias)
-        self.queue: queue.Queue = queue.Queue(maxsize=2)
-        self.received: set[str] = set()
-        self.started = time.perf_counter()
-        self.future: Future | None = None
-
-    def check(self, named: list[Named]) -> None:
-        """Names, shapes and dtypes of a bucket against the engine's checkpoint (400 if wrong)."""
-        if not self.expected:
-            return
-        got = [TensorSpec.of(name, t) for name, t in named]
-        problems = spec_problems(self.expected, got, complete=False)
-        if problems:
-            raise ServerError(400, "the bucket does not fit the engine's model: " + "; ".join(problems))
-
-    def put(self, named: list[Named]) -> None:
-        self.check(named)
-        self._put([*named, *((alias, t) for name, t in named for alias in self.repeats.get(name, ()))])
-        self.received.update(name for name, _ in named)
-
-    def _put(self, item: Any) -> None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if self.future is not None and self.future.done():
-                raise ServerError(409, f"the weight update already ended: {_reason(self.future)}")
-            try:
-                self.queue.put(item, timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-                return
-            except queue.Full:
-                if time.monotonic() > deadline:
-                    raise ServerError(504, f"the engine took no bucket within {self.timeout:g} s") from None
-
-    def tensors(self) -> Iterator[Named]:
-        """The weight iterator vLLM's reload_weights consumes (on the engine thread)."""
-        while True:
-            try:
-                item = self.queue.get(timeout=self.timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no bucket arrived within {self.timeout:g} s (the client stopped?)") from None
-            if item is _END:
-                break
-            if item is _ABORT:
-                raise RuntimeError("the client aborted the update")
-            yield from item
-        missing = sorted(set(self.expected) - self.received) if self.complete else []
-        if missing:
-            raise ValueError(f"the update ended without {len(missing)} of the engine's tensors "
-                             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
 
 
 class EngineHost:
@@ -112,13 +49,15 @@ class EngineHost:
         self.bind_host = bind_host
         self.lock = threading.Lock()
         self.update: WeightUpdate | None = None
-        self.version = 0
-        self.broken: str | None = None
-        self.group: Any = None
-        self.group_backend: str | None = None
-        self._group_ready: Future | None = None
-        self._store: Any = None
+        self.version = 0  # moved on the engine thread, as each reload ends
+        self.broken: str | None = None  # why the weights are incomplete (None: they are one version)
+        self.group = BroadcastGroup(bind_host)
         self.device = getattr(engine, "device", None)  # the engine's CUDA device; None: the CPU
+        self._running: Cancel | None = None  # the Cancel of the job on the engine thread
+        self._prompt_chars: int | None = None
+        llm_engine = getattr(getattr(engine, "llm", None), "llm_engine", None)
+        if llm_engine is not None:
+            guard_steps(llm_engine, lambda: self._running)
         self.worker = Worker("grpo-engine", self._in_order, subject="the engine", worker="the engine worker",
                              restart="grpo vllm-serve", device=self.device)
 
@@ -133,23 +72,69 @@ class EngineHost:
                 "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])],
                 "device": gpu_identity(self.device)}
 
+    def prompt_chars(self) -> int:
+        """The most characters a prompt text may have (grpocli.server.chat.text_limit), worked out once."""
+        if self._prompt_chars is None:
+            from grpocli.server.chat import text_limit
+
+            self._prompt_chars = text_limit(self.engine.llm.get_tokenizer(), self.engine.max_model_len)
+        return self._prompt_chars
+
+    # -- engine jobs -----------------------------------------------------------------------
     def run(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
-        """Run fn on the engine thread; bad input -> 400, a slow engine -> 504, a stuck or dead one -> 503."""
-        job = Job(getattr(fn, "__name__", "an engine call"), (functools.partial(fn, *args, **kwargs), timeout))
+        """Run fn on the engine thread; bad input -> 400, a slow engine -> 504 (the call is called
+        off at the engine's next step), a stuck or dead one -> 503."""
+        job, cancel = _job(functools.partial(fn, *args, **kwargs), timeout, getattr(fn, "__name__", None))
         try:
             return self.worker.ask(job, timeout)
         except FutureTimeout:
+            call_off(job, cancel, f"past its timeout ({timeout:g} s)")
             raise ServerError(504, f"the engine did not answer within {timeout:g} s") from None
         except Exception as exc:
-            if is_bad_input(exc):
-                raise ServerError(400, f"{type(exc).__name__}: {exc}") from None
-            raise
+            raise as_answer(exc) from None
+
+    async def answer(self, request: Any, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> tuple[Any, int]:
+        """(fn(engine, *args, **kwargs), the weights version it ran on), run on the engine thread for
+        a request (a Starlette Request) and called off if its client goes (see grpocli.server.inflight);
+        refused while the weights change or are incomplete."""
+        job, cancel = _job(self._generation(fn, *args, **kwargs), timeout)
+        with self.lock:  # refused or queued at once: no reload can be queued in between
+            self._refuse_while_updating()
+            self.worker.put(job)
+        try:
+            return await wait_for(job, cancel, request, timeout)
+        except Exception as exc:
+            raise as_answer(exc) from None
+
+    def generate(self, prompts: list, n: int, sampling: Any, *, seed: int | None, logprobs: bool,
+                 timeout: float) -> Any:
+        """The engine's Generated for ``prompts`` (from a thread that is not the event loop's)."""
+        with self.lock:
+            self._refuse_while_updating()
+        call = self._generation(lambda engine: engine.generate(prompts, n, sampling, logprobs=logprobs, seed=seed))
+        return self.run(call, timeout=timeout)[0]
+
+    def _generation(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """fn(engine, ...) with the weights version, checked on the engine thread: a reload that ran
+        before it and failed has left the weights incomplete (409)."""
+        def call() -> tuple[Any, int]:
+            if self.broken:
+                raise ServerError(409, self.broken)
+            return fn(self.engine, *args, **kwargs), self.version
+
+        name = getattr(fn, "__name__", "<lambda>")
+        call.__name__ = name if name != "<lambda>" else "a generation"
+        return call
 
     def _in_order(self, jobs: list[Job]) -> None:
         """The worker's schedule: each job as it came, under its own deadline (``run``'s timeout)."""
         for job in jobs:
-            call, limit = job.args
-            self.worker.run(job, self._guarded, call, label=job.kind, limit=limit)
+            call, limit, cancel = job.args
+            self._running = cancel
+            try:
+                self.worker.run(job, self._guarded, call, label=job.kind, limit=limit)
+            finally:
+                self._running = None
 
     def _guarded(self, call: Any) -> Any:
         """call() on the engine thread; on any error the engine is cleaned up before the next call."""
@@ -160,8 +145,8 @@ class EngineHost:
             raise
 
     def _recover(self) -> None:
-        """Abort every request still inside vLLM (a failed step leaves them there, and the next
-        call would step them again, forever); mark the engine dead if even that fails."""
+        """Abort every request still inside vLLM (a failed or called-off step leaves them there, and
+        the next call would step them again, forever); mark the engine dead if even that fails."""
         try:
             engine = self.engine.llm.llm_engine
             pending = list(engine.output_processor.external_req_ids)
@@ -177,17 +162,19 @@ class EngineHost:
         """None when the engine can take calls, else why not (dead, closed, or stuck on a call past its deadline)."""
         return self.worker.health()
 
-    def generate(self, prompts: list, n: int, sampling: Any, *, seed: int | None, logprobs: bool,
-                 timeout: float) -> Any:
+    def weights_state(self) -> tuple[str, str] | None:
+        """None when the weights are one complete version; else ("updating", why) while an update is
+        in flight, or ("weights_incomplete", why) after one failed (generation is refused meanwhile)."""
         with self.lock:
-            self._refuse_while_updating()
-        return self.run(self.engine.generate, prompts, n, sampling, logprobs=logprobs, seed=seed, timeout=timeout)
-
-    def call(self, fn: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
-        """fn(engine, *args, **kwargs) on the engine thread, refused while the weights change or are incomplete."""
-        with self.lock:
-            self._refuse_while_updating()
-        return self.run(fn, self.engine, *args, timeout=timeout, **kwargs)
+            self._reap()
+            u = self.update
+        if u is not None:
+            total = f" of {len(u.expected)}" if u.expected else ""
+            return "updating", (f"weight update {u.id} is in progress ({len(u.received)}{total} tensors so far); "
+                                f"generation is refused (409) until it ends; the weights are version {self.version}")
+        if self.broken:
+            return "weights_incomplete", self.broken
+        return None
 
     def reset_prefix_cache(self, timeout: float) -> None:
         with self.lock:
@@ -205,10 +192,8 @@ class EngineHost:
 
     def _reap(self) -> None:
         """Forget an update whose engine side already failed (e.g. the client went away)."""
-        u = self.update
-        if u is not None and u.future is not None and u.future.done() and u.future.exception():
-            self.broken = f"the weights are incomplete: update {u.id} failed ({_reason(u.future)}); " \
-                          "send a complete weight update or restart the server"
+        done = self.update.future if self.update is not None else None
+        if done is not None and done.done() and (done.cancelled() or done.exception()):
             self.update = None
 
     # -- weight updates ------------------------------------------------------------------
@@ -221,7 +206,7 @@ class EngineHost:
             self._reap()
             if self.update is not None:
                 raise ServerError(409, f"another weight update ({self.update.id}) is in progress")
-            if transport in ("gloo", "nccl") and self.group_backend != transport:
+            if transport in ("gloo", "nccl") and self.group.backend != transport:
                 raise ServerError(409, f"no {transport} group is open; POST /weights/group first")
             bad = [f"{a} -> {t}" for a, t in aliases.items() if expected and t not in expected]
             problems = spec_problems(expected, spec) if spec is not None and expected else []
@@ -229,10 +214,24 @@ class EngineHost:
                 raise ServerError(409, "the weights do not fit the engine's model: "
                                   + "; ".join([*(f"alias of an unknown tensor: {b}" for b in bad), *problems]))
             u = WeightUpdate(expected, aliases, timeout, transport, complete=complete)
-            load = functools.partial(self.engine.load_weights, u.tensors())
-            u.future = self.worker.submit(Job("load_weights", (load, None)))  # no deadline: its waits are bounded
+            # no deadline: its waits are bounded by the update's timeout
+            u.future = self.worker.submit(Job("load_weights", (functools.partial(self._load, u), None, Cancel())))
             self.update = u
             return u
+
+    def _load(self, u: WeightUpdate) -> tuple[int, int]:
+        """The reload (engine thread): (tensors loaded, the new version); on failure the weights are
+        marked incomplete here, before any generation queued behind it runs."""
+        try:
+            count = self.engine.load_weights(u.tensors())
+        except BaseException as exc:
+            self.broken = (f"the weights are incomplete: update {u.id} failed ({type(exc).__name__}: {exc}); "
+                           "send a complete weight update or restart the server")
+            raise
+        self.version += 1
+        if u.whole():  # a partial (TRL) update does not repair
+            self.broken = None
+        return count, self.version
 
     def current(self, update_id: str) -> WeightUpdate:
         with self.lock:
@@ -248,14 +247,14 @@ class EngineHost:
         import torch
 
         u = self.current(update_id)
-        group = self._wait_group(u.timeout)
-        device = (self.device or "cuda") if self.group_backend == "nccl" else "cpu"
+        group = self.group.wait(u.timeout)
+        device = (self.device or "cuda") if self.group.backend == "nccl" else "cpu"
         use_device(self.device)  # a request thread: the engine's GPU is its current one too
         flat = torch.empty(bucket_bytes(specs), dtype=torch.uint8, device=device)
         try:
             broadcast(group, flat, u.timeout, root=0)
         except Exception as exc:
-            raise ServerError(504, f"the bucket did not arrive over {self.group_backend}: {exc}") from None
+            raise ServerError(504, f"the bucket did not arrive over {self.group.backend}: {exc}") from None
         u.put(unflatten_bucket(flat, specs))
         return len(specs)
 
@@ -263,115 +262,68 @@ class EngineHost:
         """Close the update's stream and wait for the engine; abort leaves the weights incomplete."""
         u = self.current(update_id)
         try:
-            u._put(_ABORT if abort else _END)
-            count = u.future.result(timeout=u.timeout)
+            u.put_item(ABORT if abort else END)
+            count, version = u.future.result(timeout=u.timeout)
         except FutureTimeout:
             self.broken = f"the weights are incomplete: update {u.id} did not finish within {u.timeout:g} s"
             raise ServerError(504, self.broken) from None
         except ServerError:
             raise
-        except Exception as exc:
-            self.broken = (f"the weights are incomplete: update {u.id} failed ({type(exc).__name__}: {exc}); "
-                           "send a complete weight update or restart the server")
+        except Exception:
+            detail = self.broken or f"the weights are incomplete: update {u.id} failed ({reason(u.future)})"
             if abort:
-                return {"aborted": True, "detail": self.broken}
-            raise ServerError(409, self.broken) from None
+                return {"aborted": True, "detail": detail}
+            raise ServerError(409, detail) from None
         finally:
             with self.lock:
                 if self.update is u:
                     self.update = None
-        self.version += 1
-        if not u.expected or set(u.expected) <= u.received:  # a partial (TRL) update does not repair
-            self.broken = None
-        return {"weights_version": self.version, "tensors": count, "seconds": time.perf_counter() - u.started}
+        return {"weights_version": version, "tensors": count, "seconds": time.perf_counter() - u.started}
 
     # -- the broadcast group ------------------------------------------------------------
     def open_group(self, backend: str, timeout: float) -> int:
-        """The port of a TCPStore on the server's own address for the client to join as rank 0.
-
-        At most one group exists: a setup the client has not joined yet is handed out again (a
-        retrying client must not open a port per call), and a finished or failed one is closed
-        before a new one opens. The store listens on ``bind_host`` only (torch's own listener would
-        take every address of the machine).
-        """
-        if backend == "nccl":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ServerError(400, "transport 'nccl' needs a GPU on the server; use 'gloo' or 'http'")
+        """The port of a TCPStore on the server's own address for the client to join as rank 0
+        (see grpocli.server.group)."""
         with self.lock:
             self._reap()
             if self.update is not None and self.update.transport in ("gloo", "nccl"):
                 raise ServerError(409, f"a weight update ({self.update.id}) is using the {self.update.transport} "
                                        "group; wait for it to end")
-            pending = self._group_ready
-            if pending is not None and not pending.done() and self._store is not None:
-                if self.group_backend != backend:
-                    raise ServerError(409, f"a {self.group_backend} group is being set up; join it, or wait "
-                                           "for its timeout")
-                return self._store.port
-            self.close_group()
-            store = self._listening_store(timeout)
-            self._group_ready, self._store, self.group_backend = Future(), store, backend
-            threading.Thread(target=self._join_group, args=(backend, store, timeout, self._group_ready),
-                             name="grpo-weights-group", daemon=True).start()
-            return store.port
+            return self.group.open(backend, timeout)
 
-    def _listening_store(self, timeout: float) -> Any:
-        """A master TCPStore whose listening socket is bound to ``bind_host`` (passed by file descriptor)."""
-        import socket
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        family = socket.AF_INET6 if ":" in self.bind_host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.bind((self.bind_host, 0))
-            sock.listen(16)
-            store = dist.TCPStore(self.bind_host, sock.getsockname()[1], 2, True, timedelta(seconds=timeout),
-                                  wait_for_workers=False, master_listen_fd=sock.fileno())
-        except Exception as exc:
-            sock.close()
-            raise ServerError(500, f"cannot open a weight group on {self.bind_host}: {exc}") from None
-        sock.detach()  # the store owns the descriptor now and closes it with itself
-        return store
-
-    def _join_group(self, backend: str, store: Any, timeout: float, ready: Future) -> None:
-        host = self.bind_host if self.bind_host not in ("0.0.0.0", "::") else None
-        try:
-            group = open_group(backend, store, 1, 2, timeout, hostname=host)
-        except Exception as exc:  # reported by the next bucket
-            ready.set_exception(exc)
-            return
-        if self._group_ready is ready:
-            self.group = group
-            ready.set_result(group)
-        else:  # replaced meanwhile
-            _shutdown(group)
-            ready.set_exception(RuntimeError("the group was replaced by a newer one"))
-
-    def close_group(self) -> None:
-        """Close the group and its store (their sockets close with them)."""
-        group, self.group, self._store, self._group_ready, self.group_backend = self.group, None, None, None, None
-        if group is not None:
-            _shutdown(group)
-
-    def _wait_group(self, timeout: float) -> Any:
-        if self._group_ready is None:
-            raise ServerError(409, "no weight group is open; POST /weights/group first")
-        try:
-            return self._group_ready.result(timeout=timeout)
-        except FutureTimeout:
-            raise ServerError(504, f"the client did not join the {self.group_backend} group "
-                                   f"within {timeout:g} s") from None
-        except Exception as exc:
-            raise ServerError(502, f"the {self.group_backend} group failed: {exc}") from None
-
-    def close(self) -> None:
-        self.close_group()
+    def close(self, wait: float = 10.0) -> bool:
+        """Stop: the running job is called off, an update in flight aborted, the group closed, and the
+        engine shut down once its thread has stopped. False (the engine left as it is) when that thread
+        is still inside a call after ``wait`` s: stuck, and no safe shutdown can run beside it."""
+        running, u = self._running, self.update
+        if running is not None:
+            running.set("the server is closing")
+        if u is not None:
+            with contextlib.suppress(queue.Full):
+                u.queue.put_nowait(ABORT)
+        self.group.close()
         self.worker.close()
+        self.worker.thread.join(wait)
+        if self.worker.thread.is_alive():
+            return False
         self.engine.close()
+        return True
+
+
+def _job(call: Any, timeout: float, label: str | None = None) -> tuple[Job, Cancel]:
+    """A job of ``call`` under a deadline of ``timeout`` s, labelled (for /health) with its name."""
+    cancel = Cancel()
+    return Job(label or getattr(call, "__name__", "an engine call"), (call, timeout, cancel)), cancel
+
+
+def as_answer(exc: Exception) -> Exception:
+    """An engine call's exception as the request's answer: bad input -> 400, a call called off
+    while someone still waits (the server closing) -> 503, the rest as it is."""
+    if isinstance(exc, Cancelled):
+        return ServerError(503, f"the engine call was called off: {exc}")
+    if isinstance(exc, ServerError) or not is_bad_input(exc):
+        return exc
+    return ServerError(400, f"{type(exc).__name__}: {exc}")
 
 
 def is_bad_input(exc: Exception) -> bool:
@@ -385,15 +337,4 @@ def is_bad_input(exc: Exception) -> bool:
     return isinstance(exc, VLLMClientError)
 
 
-def _shutdown(group: Any) -> None:
-    """Close a process group's connections (a group torch cannot shut down is just dropped)."""
-    with contextlib.suppress(Exception):  # best effort: the group is being thrown away
-        group.shutdown()
-
-
-def _reason(future: Future) -> str:
-    exc = future.exception()
-    return f"{type(exc).__name__}: {exc}" if exc else "finished"
-
-
-__all__ = ["EngineHost", "ServerError", "WeightUpdate", "is_bad_input"]
+__all__ = ["EngineHost", "ServerError", "WeightUpdate", "as_answer", "is_bad_input"]

@@ -1,11 +1,15 @@
 """This server's end of a trainer's weight-transfer group (TRL's init_communicator): joining it
 over NCCL (vLLM's stateless group, CUDA) or gloo (a torch TCPStore the trainer hosts), and
 receiving what rank 0 broadcasts. Used by grpocli.server.transfer.
+
+The trainer's rendezvous must take a connection within ``MASTER_WAIT`` s of the request (a 504
+naming the address otherwise); joining the group and each broadcast then wait up to ``TIMEOUT``.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +19,9 @@ from grpocli.server.host import ServerError
 
 #: Longest wait for the trainer: to join the group, and for one broadcast (s).
 TIMEOUT = 300.0
+#: Longest wait for the trainer's rendezvous (master_address:master_port) to take a connection (s).
+#: TRL's client opens it right after posting /init_weight_transfer_engine: a second is plenty.
+MASTER_WAIT = 10.0
 
 
 class Peer:
@@ -50,11 +57,12 @@ def join(info: Any, timeout: float = TIMEOUT, device: Any = None) -> Peer:
     import torch
 
     rank = info.rank_offset
+    if info.backend == "nccl" and not torch.cuda.is_available():
+        raise ServerError(400, "init_info asks for NCCL (TRL's VLLMClient sends weights over NCCL only) but this "
+                               "server has no CUDA device; on CPU send init_info 'backend': 'gloo', or use grpo's "
+                               "own /weights/* protocol")
+    reach(info.master_address, info.master_port)
     if info.backend == "nccl":
-        if not torch.cuda.is_available():
-            raise ServerError(400, "init_info asks for NCCL (TRL's VLLMClient sends weights over NCCL only) but this "
-                                   "server has no CUDA device; on CPU send init_info 'backend': 'gloo', or use grpo's "
-                                   "own /weights/* protocol")
         try:
             from vllm.distributed.weight_transfer.nccl_common import (
                 stateless_init_process_group,
@@ -76,6 +84,26 @@ def join(info: Any, timeout: float = TIMEOUT, device: Any = None) -> Peer:
         raise ServerError(502, f"could not join the trainer's gloo group at {info.master_address}:"
                                f"{info.master_port}: {exc}") from None
     return Peer("gloo", group, timeout)
+
+
+def reach(address: str, port: int, wait: float = MASTER_WAIT) -> None:
+    """Return once something takes a TCP connection at ``address:port`` (the trainer's rendezvous);
+    a 400 for an address that does not resolve, a 504 naming it after ``wait`` s without an answer
+    (a dead or wrong master would otherwise hold the request for the whole group timeout)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except socket.gaierror as exc:
+            raise ServerError(400, f"init_info.master_address: {address!r} does not resolve ({exc.strerror})") from None
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ServerError(504, f"init_info: nothing answered at master_address:master_port {address}:{port} "
+                                       f"within {wait:g} s ({exc.strerror or exc}); the trainer opens that "
+                                       "rendezvous as it posts this request (TRL: VLLMClient.init_communicator): "
+                                       "check the address and port, and that the trainer is running") from None
+            time.sleep(0.1)
 
 
 def local_address(remote: str, port: int) -> str:

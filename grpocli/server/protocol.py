@@ -4,7 +4,9 @@ transfer.py).
 
 Protocol version 1. Paths (state-changing ones need the API key when the server has one):
 
-    GET  /health                    {"status": "ok"}
+    GET  /health                    {"status": "ok"}; 200 {"status": "updating" | "weights_incomplete", "detail",
+                                    "weights_version"} while the weights are not one complete version (generation
+                                    is refused with 409 then); 503 {"status": "unhealthy", "detail"}: stuck or dead
     GET  /info                      protocol, model, max_model_len, world_size, dtype, weights_version,
                                     transports
     POST /generate                  GenerateRequest -> prompt_ids, completion_ids, logprobs, truncated,
@@ -20,8 +22,9 @@ Protocol version 1. Paths (state-changing ones need the API key when the server 
 
 Every body is checked before anything reaches the engine: each number anywhere in it (also inside
 free-form fields such as /v1/completions' vLLM extras) must be finite and fit a 64-bit integer,
-and seeds must lie in vLLM's range (``SEED_MIN`` .. ``SEED_MAX``, a torch long). A body that fails
-gets a 422 naming the field and the reason.
+each text must be valid Unicode (no lone surrogate), and seeds must lie in vLLM's range
+(``SEED_MIN`` .. ``SEED_MAX``, a torch long). A body that fails gets a 422 naming the field and the
+reason.
 """
 
 from __future__ import annotations
@@ -40,33 +43,48 @@ TOP_K_MAX = 2**31 - 1
 Seed = Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX, description="vLLM's per-request seed")]
 
 
-def check_numbers(value: Any, where: str = "body") -> None:
-    """Refuse NaN, infinities and integers beyond 64 bits anywhere in a JSON value (ValueError naming
-    the place): vLLM would turn them into tensors or generators inside its step, where an error
-    fails every request, not this one."""
+def check_values(value: Any, where: str = "body") -> None:
+    """Refuse NaN, infinities, integers beyond 64 bits and text with a lone surrogate anywhere in a
+    JSON value, keys too (ValueError naming the place): vLLM would turn the numbers into tensors or
+    generators inside its step, where an error fails every request, not this one, and a surrogate
+    (JSON's "\\ud800" with no pair) is no text any tokenizer can encode."""
     if isinstance(value, bool):
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: {value} is not a finite number")
     if isinstance(value, int) and not SEED_MIN <= value <= SEED_MAX:
         raise ValueError(f"{where}: {value} does not fit a 64-bit integer")
-    if isinstance(value, dict):
+    if isinstance(value, str):
+        _check_text(value, where)
+    elif isinstance(value, dict):
         for key, item in value.items():
-            check_numbers(item, f"{where}.{key}")
+            if isinstance(key, str):
+                _check_text(key, f"{where} (a key)")
+            check_values(item, f"{where}.{key}")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            check_numbers(item, f"{where}[{i}]")
+            check_values(item, f"{where}[{i}]")
+
+
+def _check_text(text: str, where: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where}: a lone surrogate ({text[exc.start]!a}) at character {exc.start} is not "
+                         "text; send valid UTF-8 (a surrogate pair, or the character itself)") from None
 
 
 class Checked(BaseModel):
-    """A request body whose numbers are all checked (see ``check_numbers``)."""
+    """A request body whose numbers and texts are all checked (see ``check_values``)."""
 
     model_config = ConfigDict(allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
     def _finite_numbers(cls, data: Any) -> Any:
-        check_numbers(data)
+        check_values(data)
         return data
 
 

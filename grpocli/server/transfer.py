@@ -26,7 +26,9 @@ A session (start ... finish) is one in-place reload of the engine (vLLM's layerw
 vLLM's server): the tensors may cover any set of whole layers (a layer that gets none keeps its
 weights); names and shapes are checked against the checkpoint before anything is loaded; floating
 tensors are cast to the engine's dtype (as vLLM's loaders do); a tied lm_head is refreshed with the
-embedding it is tied to. A session refused before any tensor arrived leaves the weights as they were;
+embedding it is tied to. A tensor comes at most once per session: an /update_weights naming one the
+session already took (a retried call) is received and dropped with a 409 naming it, and the session
+goes on (grpocli.server.update). A session refused before any tensor arrived leaves the weights as they were;
 one that fails later leaves the engine refusing generation, with the reason, until an update succeeds.
 """
 
@@ -42,6 +44,7 @@ from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_
 from grpocli.server.host import EngineHost, ServerError
 from grpocli.server.peer import TIMEOUT, Peer, join
 from grpocli.server.protocol import Body
+from grpocli.server.update import repeat_reason
 
 #: vLLM's default chunk size of a packed broadcast (vllm.distributed.weight_transfer.packed_tensor).
 PACKED_BUFFER_BYTES = 1024**3
@@ -166,6 +169,10 @@ class TrlTransfer:
                 self._drain(specs, packed)  # the trainer is broadcasting: take it, or it waits forever
                 self._abort()
                 raise
+            twice = u.repeated(s.name for s in specs)
+            if twice:  # a retried call: taken and dropped; the session goes on without it
+                self._drain(specs, packed)
+                raise ServerError(409, repeat_reason(u.id, twice))
             failure: ServerError | None = None
             try:
                 for named in self._receive(specs, packed):

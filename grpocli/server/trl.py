@@ -11,7 +11,9 @@ with ``--weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_
                                            (get_sequence_logprobs); structured_outputs (structured_outputs_regex);
                                            vLLM's return_token_ids / return_tokens_as_token_ids; any vLLM
                                            sampling field (generation_kwargs): completions.py
-    POST /v1/chat/completions              the same for conversations (chat template, tools rendered)
+    POST /v1/chat/completions              the same for conversations (the model's chat template, tools rendered;
+                                           a request's own template only with --trust-request-chat-template:
+                                           chat.py)
     POST /reset_prefix_cache          key  (app.py)
     POST /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update,
          /shutdown_weight_transfer_engine  key  TRL's weight sync: transfer.py
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
 from pydantic import ConfigDict, Field, TypeAdapter, field_validator
 
+from grpocli.server.chat import check_templates, check_text_length, render_off_engine
 from grpocli.server.completions import (
     ChatRequest,
     CompletionRequest,
@@ -67,7 +71,9 @@ class LegacyGenerate(Checked):
         return kwargs
 
 
-def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: float) -> None:
+def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: float,
+                   trust_templates: bool = False) -> None:
+    """TRL's paths on ``app``; ``trust_templates``: run chat templates that requests bring (see chat.py)."""
     from grpocli.server.transfer import add_transfer_routes
 
     transfer = add_transfer_routes(app, host, key)
@@ -97,23 +103,26 @@ def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: flo
         }}
 
     @app.post("/v1/completions")
-    def completions(req: CompletionRequest) -> dict[str, Any]:
+    async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
         params = vllm_params(req, req.logprobs)
-        repeats = greedy_repeats(req)
+        prompts = prompt_list(req.prompt)
+        check_text_length([p for p in prompts if isinstance(p, str)], host.prompt_chars(), where="prompt")
         inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)}
-                  for p in prompt_list(req.prompt) for _ in range(repeats)]
-        outs = host.call(lambda engine: engine.llm.generate(inputs, params, use_tqdm=False), timeout=request_timeout)
+                  for p in prompts for _ in range(greedy_repeats(req))]
+        outs, _ = await host.answer(request, _generate, inputs, params, timeout=request_timeout)
         return envelope("text_completion", req, outs, choices(outs, req, chat=False))
 
     @app.post("/v1/chat/completions")
-    def chat(req: ChatRequest) -> dict[str, Any]:
+    async def chat(req: ChatRequest, request: Request) -> dict[str, Any]:
+        check_templates(req, trusted=trust_templates)
         params = vllm_params(req, (req.top_logprobs or 0) if req.logprobs else None)
-        options = {"chat_template": req.chat_template, "chat_template_kwargs": req.chat_template_kwargs,
-                   "tools": req.tools, "add_generation_prompt": req.add_generation_prompt,
-                   "continue_final_message": req.continue_final_message}
-        conversations = [req.messages] * greedy_repeats(req)
-        outs = host.call(lambda engine: engine.llm.chat(conversations, params, use_tqdm=False, **options),
-                         timeout=request_timeout)
+        llm = host.engine.llm
+        if req.tools or (req.chat_template_kwargs or {}).get("enable_thinking"):
+            getattr(llm, "_adjust_params_for_parsing", lambda _: None)([params])  # as LLM.chat does
+        prompts = await render_off_engine(llm, req, text_limit=host.prompt_chars())
+        inputs = prompts * greedy_repeats(req)
+        outs, _ = await host.answer(request, _generate, inputs, params, timeout=request_timeout,
+                                    tokenization_kwargs={"add_special_tokens": False})  # the template has them
         body = envelope("chat.completion", req, outs, choices(outs, req, chat=True))
         body["prompt_token_ids"] = list(outs[0].prompt_token_ids) if outs else []
         if req.prompt_logprobs is not None and outs:
@@ -121,13 +130,15 @@ def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: flo
         return body
 
     @app.post("/generate/")
-    def legacy_generate(req: LegacyGenerate) -> dict[str, Any]:
+    async def legacy_generate(req: LegacyGenerate, request: Request) -> dict[str, Any]:
         from grpocli.generation.base import Sampling
 
+        if isinstance(req.prompts[0], str):
+            check_text_length(req.prompts, host.prompt_chars(), where="prompts")
         sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
                             top_k=max(req.top_k, 0), min_p=req.min_p, repetition_penalty=req.repetition_penalty)
-        out = host.generate(req.prompts, req.n, sampling, seed=req.generation_kwargs.get("seed"), logprobs=True,
-                            timeout=request_timeout)
+        out, _ = await host.answer(request, _engine_generate, req.prompts, req.n, sampling,
+                                   seed=req.generation_kwargs.get("seed"), timeout=request_timeout)
         return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs}
 
     @app.get("/health/")
@@ -135,6 +146,16 @@ def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: flo
         from grpocli.server.app import health_answer
 
         return health_answer(host)
+
+
+def _generate(engine: Any, inputs: list, params: Any, **kwargs: Any) -> list[Any]:
+    """vLLM's RequestOutputs of ``inputs`` (on the engine thread)."""
+    return engine.llm.generate(inputs, params, use_tqdm=False, **kwargs)
+
+
+def _engine_generate(engine: Any, prompts: list, n: int, sampling: Any, *, seed: Any) -> Any:
+    """The engine's Generated, with log-probs (on the engine thread)."""
+    return engine.generate(prompts, n, sampling, logprobs=True, seed=seed)
 
 
 def _vllm_model_config(engine: Any) -> Any:

@@ -71,11 +71,15 @@ class Worker:
         """The job's answer (or its exception), waited for at most ``timeout`` s; past that,
         concurrent.futures.TimeoutError, and the job stays queued or running (the caller may cancel
         it). A worker that takes no jobs is refused at once: 503 with ``health``'s reason."""
+        self.put(job)
+        return job.future.result(timeout=timeout)
+
+    def put(self, job: Job) -> None:
+        """Queue ``job``, or refuse at once (503 with ``health``'s reason) if the worker takes no jobs."""
         problem = self.health()
         if problem is not None:
             raise ServerError(503, problem)
         self.jobs.put(job)
-        return job.future.result(timeout=timeout)
 
     def submit(self, job: Job) -> Future:
         """Queue ``job`` and return its future at once (``health`` is not asked)."""
