@@ -107,6 +107,7 @@ def test_two_steps_beside_a_sleeping_engine_on_a_gpu(level, tmp_path):
 
     import torch
 
+    pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]'")
     from grpocli.generation.base import Sampling
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import Loop
