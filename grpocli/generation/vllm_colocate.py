@@ -26,6 +26,7 @@ from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.devices import process_device, use_device
 from grpocli.generation.engine_copy import copy_dir, write_engine_copy
 from grpocli.generation.engine_options import engine_dtype, engine_options
+from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
 from grpocli.generation.weights import (
     TensorSpec,
     checkpoint_spec,
@@ -170,7 +171,7 @@ class VllmEngine:
                  enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_logprobs: int = 1, max_num_batched_tokens: int | None = None, device: Any = None,
                  parallel: Parallel | None = None, where: str = "generation.backend",
-                 length_where: str = "vllm.max_model_len") -> None:
+                 length_where: str = "vllm.max_model_len", sleep_mode: bool = False) -> None:
         import torch
 
         check_context_length(model_dir, max_model_len, length_where)
@@ -184,7 +185,7 @@ class VllmEngine:
             str(model_dir), device, world=parallel.size if parallel else 1, rank=parallel.rank if parallel else 0,
             colocated=parallel is not None, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=max_logprobs,
-            max_num_batched_tokens=max_num_batched_tokens)
+            max_num_batched_tokens=max_num_batched_tokens, sleep_mode=sleep_mode)
         os.environ.update(options.env)
         use_device(device)
         # vLLM seeds torch's global RNGs: the CPU's, and this GPU's (the trainer's own stream of numbers)
@@ -251,6 +252,15 @@ class VllmEngine:
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
+    def sleep(self, level: int) -> None:
+        """vLLM's sleep (an engine started with ``sleep_mode``): 1 weights to host memory, 2 weights dropped;
+        the KV cache is dropped at both."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Take the memory of ``tags`` ("weights", "kv_cache") back; generation needs both."""
+        self.llm.wake_up(tags=tags)
+
     def close(self) -> None:
         import gc
 
@@ -295,6 +305,7 @@ class VllmColocateBackend(PromptEncoder):
         import torch
 
         v = vllm_section
+        check_sleep_mode(v.sleep_mode, backend="vllm")  # before anything starts: a CPU's vLLM has no sleep mode
         # the session has applied train.torch_threads (or torch's default) to this process
         prepare_vllm_environment(kv_cache_gb=v.kv_cache_gb, in_process=True, threads=torch.get_num_threads())
         self.tokenizer = tokenizer
@@ -312,21 +323,32 @@ class VllmColocateBackend(PromptEncoder):
                 "data.max_prompt_length + generation.max_completion_length",
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
                 max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
+                sleep_mode=v.sleep_mode > 0,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
         self.checked = False
         self.last_sync_seconds = 0.0
+        self.policy = model  # vllm.sleep_mode = 2: the weights sent again when the engine wakes
+        self.sleep = EngineSleep(self.engine, v.sleep_mode, self.sync_weights)
+        self.sleep.sleep()  # TRL: asleep until the first generation
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        return self.engine.generate(self.encode_prompts(prompts), n, sampling)
+        return self.generate_ids(self.encode_prompts(prompts), n, sampling)
 
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
-        """n completions of each prompt given as token ids (multi-turn rollouts continue from them)."""
-        return self.engine.generate(prompt_ids, n, sampling)
+        """n completions of each prompt given as token ids (multi-turn rollouts continue from them);
+        with vllm.sleep_mode the engine wakes for them and sleeps again after."""
+        self.sleep.before_generation(self.policy)
+        try:
+            return self.engine.generate(prompt_ids, n, sampling)
+        finally:
+            self.sleep.sleep()
 
     def sync_weights(self, model: Any) -> None:
         t0 = time.perf_counter()
+        self.policy = model
+        self.sleep.wake_weights()  # a sleeping engine's weights are mapped again before they are written
         with policy_weights(model, self.engine.dtype, self.parallel) as weights:
             if not self.checked:
                 problems = spec_problems(self.engine.spec, weights.specs())
@@ -338,6 +360,7 @@ class VllmColocateBackend(PromptEncoder):
                     )
                 self.checked = True
             self.engine.load_weights(weights)
+        self.sleep.weights_sent()
         self.last_sync_seconds = time.perf_counter() - t0
 
     def close(self) -> None:

@@ -232,6 +232,21 @@ class TrainSection(Section):
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=16, description="Token budget per micro-batch (packed rows); overrides micro_batch_size."
     )
+    logprob_micro_batch_size: int | None = Field(
+        None, ge=1, description="Most sequences in one no-grad log-prob pass (the old policy's and the reference "
+        "model's; verl's log_prob_micro_batch_size_per_gpu): smaller bounds those passes' activation memory, larger "
+        "takes fewer passes; the log-probs are the same. With max_tokens_per_micro_batch the passes keep that token "
+        "budget too. None: the training micro-batches as they are. A reference server (algorithm.reference = "
+        "'server') batches on its own.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    activation_offloading: bool = Field(
+        False, description="Move the activations the training forward saves for backward to host memory (pinned, "
+        "on CUDA) and back when backward needs them (torch's saved-tensor hooks): less device memory for more "
+        "host-device copies. Parameters and tensors under 1 KiB stay. With model.gradient_checkpointing the layers "
+        "recompute their own activations and the rest is offloaded. On a CPU it runs but saves nothing.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     learning_rate: float = Field(1e-6, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
     lr_scheduler: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
         "constant", description="Learning-rate schedule (transformers get_scheduler)."

@@ -66,7 +66,7 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "use_vllm": ("generation.backend", "'vllm' (colocate) or 'vllm-server'"),
     "vllm_mode": ("generation.backend", "colocate -> 'vllm', server -> 'vllm-server'"),
     "vllm_model_impl": (None, "vLLM's own implementation"),
-    "vllm_enable_sleep_mode": (None, "not supported"),
+    "vllm_enable_sleep_mode": ("vllm.sleep_mode", "TRL's true is level 2"),
     "vllm_structured_outputs_regex": (None, "not supported in training; TRL's client can send it to grpo vllm-serve"),
     "vllm_server_base_url": ("vllm.server_url", ""),
     "vllm_server_host": ("vllm.server_url", "host and port in one URL"),

@@ -59,6 +59,13 @@ class VllmSection(Section):
     max_model_len: int | None = Field(
         None, ge=16, description="Engine context (default: prompt + completion); at most the model's own (its "
         "config.json's max_position_embeddings or the like), checked before the engine loads.")
+    sleep_mode: int = Field(
+        0, ge=0, le=2, description="The colocated engine (generation.backend = 'vllm') sleeps while the trainer "
+        "trains and wakes to generate (vLLM's sleep mode; TRL's vllm_enable_sleep_mode is level 2). 0: off; 1: "
+        "weights offloaded to host memory, KV cache discarded; 2: both discarded, the weights re-sent from the "
+        "trainer on waking (least memory, no host copy). Needs vLLM on CUDA; not with generation.async_steps.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     kv_cache_gb: float = Field(
         1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).",
         json_schema_extra=FREE_ON_RESUME,

@@ -150,6 +150,39 @@ def _model_tokens(rollouts: Rollouts, rows: list[int], loss_mask: torch.Tensor) 
     return loss_mask * own
 
 
+def logprob_chunks(rollouts: Rollouts, micro_batches: tuple[MicroBatch, ...], *, max_sequences: int | None,
+                   packed: bool, layout: Layout = Layout()) -> tuple[MicroBatch, ...] | None:
+    """The no-grad log-prob passes of an optimizer batch (train.logprob_micro_batch_size): its sequences,
+    in order, at most `max_sequences` per pass; with a token budget (`packed`) each micro-batch is cut on
+    its own, so every pass keeps the budget. None (`max_sequences` None): the micro-batches themselves.
+    `regroup` puts the passes' log-probs back into the micro-batches' shapes."""
+    if max_sequences is None:
+        return None
+    groups = ([mb.index.tolist() for mb in micro_batches] if packed
+              else [[i for mb in micro_batches for i in mb.index.tolist()]])
+    unused = torch.zeros(len(rollouts.completion_ids))  # [B*G] advantages: a log-prob pass reads none
+    return tuple(chunk for rows in groups if rows
+                 for chunk in make_micro_batches(rollouts, unused, rows, max_sequences=max_sequences, layout=layout))
+
+
+def regroup(values: tuple[torch.Tensor, ...], chunks: tuple[MicroBatch, ...],
+            micro_batches: tuple[MicroBatch, ...]) -> tuple[torch.Tensor, ...]:
+    """Per-sequence values `[n_c, T_c]` of each chunk (`logprob_chunks`) as one `[n, T]` tensor per
+    micro-batch, each row the same sequence's (0 past its end, as in any micro-batch's tensors)."""
+    where = {i: (k, j) for k, chunk in enumerate(chunks) for j, i in enumerate(chunk.index.tolist())}
+    out = []
+    for mb in micro_batches:
+        n, t = mb.loss_mask.shape
+        like = values[0] if values else mb.loss_mask
+        dense = torch.zeros(n, t, dtype=like.dtype, device=like.device)                  # [n, T]
+        for row, i in enumerate(mb.index.tolist()):
+            k, j = where[i]
+            width = min(t, values[k].shape[1])
+            dense[row, :width] = values[k][j, :width]
+        out.append(dense)
+    return tuple(out)
+
+
 def optimizer_batches(parallel: Parallel, scored: Scored, advantages: Advantages, *, algorithm: AlgorithmSection,
                       train: TrainSection, zero_advantage_rows_matter: bool,
                       layout: Layout) -> list[tuple[Scored, Advantages, OptimizerBatch]]:

@@ -7,9 +7,12 @@
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
                       `compute_advantages`); groups without reward spread marked
     5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
-                      frozen log-probs its loss needs (old policy, reference, engine weights)
-    6. update         num_iterations passes over the slices: one optimizer step per slice
-    7. sync           new weights to the generation backend after the cycle's last update
+                      frozen log-probs its loss needs (old policy, reference, engine weights), in
+                      passes of train.logprob_micro_batch_size sequences where it is set
+    6. update         num_iterations passes over the slices: one optimizer step per slice (the saved
+                      activations in host memory with train.activation_offloading)
+    7. sync           new weights to the generation backend after the cycle's last update (a colocated
+                      engine asleep under vllm.sleep_mode wakes its weights first, then loads them)
     8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
@@ -42,7 +45,7 @@ from grpocli.reference.mixing import mix_state
 from grpocli.rewards import RewardFn, score
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
-from grpocli.trainer.batching import OptimizerBatch, optimizer_batches
+from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import (
     cycle_shares,
@@ -54,6 +57,7 @@ from grpocli.trainer.metrics import (
     write_rollouts,
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
+from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, flat_groups, keep_informative
 from grpocli.trainer.session import Session, TrainingStopped, is_due
@@ -127,6 +131,7 @@ class Loop:
         self.settings = LossSettings.of(r.algorithm, r.generation)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
                                             parallel=s.parallel, run_root=s.run.root)
+        self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
         self.prefetch = None
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
@@ -253,21 +258,23 @@ class Loop:
         p, policy, temperature = s.parallel, s.policy, self.settings.temperature
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
         self.doing("frozen log-prob passes (old policy, reference)")
-        out = []
+        out, layout = [], choose_layout(policy)
         for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
-                                               train=r.train, layout=choose_layout(policy),
+                                               train=r.train, layout=layout,
                                                zero_advantage_rows_matter=self.settings.zero_advantage_rows_matter):
             t0 = time.perf_counter()
             mbs = ob.micro_batches
             correct = r.vllm.importance_sampling_correction and part.rollouts.engine_logprobs is not None
+            chunks = logprob_chunks(part.rollouts, mbs, max_sequences=r.train.logprob_micro_batch_size,  # the passes
+                                    packed=r.train.max_tokens_per_micro_batch is not None, layout=layout)
             old = None  # the policy that generated, or the ratio to the engine, needs it
             if moves or correct:
-                old = frozen_logprobs(p, policy, mbs, temperature)
+                old = frozen_logprobs(p, policy, mbs, temperature, chunks)
             ref = None
             if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
                 ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
             elif s.reference is not None:
-                ref = frozen_logprobs(p, s.reference, mbs, temperature)
+                ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks)
             weights, mismatch = None, {}
             if correct:
                 weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
@@ -282,7 +289,7 @@ class Loop:
         self.doing("update (forward and backward passes, gradient all-reduce)")
         t0 = time.perf_counter()
         stats = optimizer_step(s.parallel, s.model, s.optimizer, sl.batch, sl.frozen, self.settings,
-                               max_grad_norm=r.train.max_grad_norm)
+                               max_grad_norm=r.train.max_grad_norm, offload=self.offload)
         lr = s.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skipped update still advances the schedule
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")

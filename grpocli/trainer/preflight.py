@@ -136,7 +136,10 @@ def _check_reward_signatures(reward_fns: list[RewardFn], recipe: Recipe, plugins
 
 def _check_combinations(recipe: Recipe) -> None:
     """Options that each validate but do not work together."""
+    from grpocli.generation.engine_sleep import check_sleep_mode
+
     g, t = recipe.generation, recipe.train
+    check_sleep_mode(recipe.vllm.sleep_mode, backend=g.backend, async_steps=g.async_steps)  # vLLM's platform
     if g.async_steps and g.backend == "hf":
         raise UserError(
             "generation.async_steps > 0 needs a generation engine apart from the training model",

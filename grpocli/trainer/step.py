@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -31,7 +32,8 @@ from grpocli.algorithms.losses import (
 from grpocli.algorithms.variants import KL_ESTIMATORS, LOSSES
 from grpocli.parallel import Parallel
 from grpocli.parallel.strategy import idle_forward
-from grpocli.trainer.batching import MicroBatch, OptimizerBatch
+from grpocli.trainer.batching import MicroBatch, OptimizerBatch, regroup
+from grpocli.trainer.offloading import ActivationOffloading
 
 if TYPE_CHECKING:
     from grpocli.recipe.algorithm_section import AlgorithmSection
@@ -160,12 +162,14 @@ def micro_batch_loss(
 def optimizer_step(
     parallel: Parallel, model: Any, optimizer: torch.optim.Optimizer, batch: OptimizerBatch, frozen: Frozen,
     s: LossSettings, *, max_grad_norm: float, forward: Forward = sequence_logprobs,
+    offload: ActivationOffloading | None = None,
 ) -> dict[str, float]:
     """Backward over every micro-batch (gradients reduced once, at the last), then one update.
 
     Returns the summed STAT_KEYS over all processes, `grad_norm`, `skipped`, the packing figures
     of `packing_stats` and this process's `time/forward_backward` and `time/optimizer`.
-    `forward` computes a micro-batch's log-probs (the model's, unless a test gives others).
+    `forward` computes a micro-batch's log-probs (the model's, unless a test gives others); `offload`
+    (train.activation_offloading) takes what each forward saves for backward to host memory.
     """
     # 1. global counts: every aggregation divides by the whole batch, all processes together
     counts = global_counts(parallel, batch)
@@ -187,7 +191,8 @@ def optimizer_step(
             if mb is None:
                 loss = parallel.idle_loss(model)
             else:
-                loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
+                with offload if offload is not None else nullcontext():  # the forward only: backward unpacks
+                    loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
                 totals += stats.to(totals.device)
             parallel.accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
@@ -233,15 +238,17 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 
 @torch.no_grad()
 def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBatch, ...],
-                    temperature: float) -> tuple[torch.Tensor, ...]:
+                    temperature: float, chunks: tuple[MicroBatch, ...] | None = None) -> tuple[torch.Tensor, ...]:
     """The log-probs `[n, T]` of each micro-batch under `model` (the policy before it moves, or the
-    reference), on its device; where each forward is a collective, idle passes keep the processes in step."""
+    reference), on its device; where each forward is a collective, idle passes keep the processes in step.
+    `chunks` (grpocli.trainer.batching.logprob_chunks): the passes to run instead of the micro-batches
+    (train.logprob_micro_batch_size), their log-probs put back into the micro-batches' shapes."""
     out = []
     with parallel.autocast():  # the policy's mixed precision (a reference's forward has none of its own)
-        for mb in parallel.forward_passes(list(micro_batches)):
+        for mb in parallel.forward_passes(list(micro_batches if chunks is None else chunks)):
             if mb is None:  # this process has fewer micro-batches than another
                 idle_forward(model)
                 continue
             logp, _ = sequence_logprobs(model, mb, temperature)
             out.append(logp.detach())  # on the model's device: the loss reads it there
-    return tuple(out)
+    return tuple(out) if chunks is None else regroup(tuple(out), chunks, micro_batches)
