@@ -248,11 +248,13 @@ def _sharding(changes: dict[str, Any], plan: Plan) -> str | None:
 
 
 def _together(r: Recipe, shape: ModelShape, plan: Plan, knobs: tuple[Knob, ...]) -> tuple[str, ...]:
-    """Knobs applied in order of what they save until the recipe fits (empty when even all do not)."""
+    """Knobs applied in order of what they save, those for one device first, until the recipe fits
+    (empty when even all of them do not)."""
     changes: dict[str, Any] = {}
     chosen: list[str] = []
     best = plan.peak.total
-    for knob in knobs:
+    # what one device can do first (more devices only where that is not enough), each by what it saves
+    for knob in sorted(knobs, key=lambda k: "train.num_processes" in k.text):
         if "train.micro_batch_size" in knob.text and "model.gradient_checkpointing=true" in chosen:
             continue  # the largest micro-batch was found without the knobs chosen before it
         trial = {**changes, **dict(o.split("=", 1) for o in knob.overrides)}

@@ -127,7 +127,7 @@ def _config_file(config: str) -> tuple[str, Any]:
 
     try:
         return path, AutoConfig.for_model(**raw)
-    except (ValueError, KeyError, TypeError) as err:
+    except Exception as err:  # noqa: BLE001 - transformers' ValueErrors and huggingface_hub's validation errors alike
         raise UserError(f"{path} is not a config transformers reads: {_first_line(err)}",
                         where="grpo plan --config", valid=valid,
                         hint="upgrade transformers if the architecture is new") from None

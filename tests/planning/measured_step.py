@@ -65,12 +65,13 @@ def peak_tracker():
     return PeakTracker()
 
 
-def _rollouts(r, vocab: int, rank: int):
+def _rollouts(r, vocab: int, rank: int, processes: int):
+    """This process's share of a step's rollouts: prompts_per_step / processes groups."""
     import torch
 
     from grpocli.trainer.rollouts import Rollouts
 
-    g, b = r.generation.num_generations, r.train.prompts_per_step
+    g, b = r.generation.num_generations, r.train.prompts_per_step // processes
     gen = torch.Generator().manual_seed(rank)
     prompts = torch.randint(1, vocab, (b, r.data.max_prompt_length), generator=gen).tolist()
     completions = torch.randint(1, vocab, (b * g, r.generation.max_completion_length), generator=gen).tolist()
@@ -103,7 +104,7 @@ def measure(overrides: list[str]) -> dict:
     model, reference, optimizer, _ = parallel.prepare(model, reference, lambda m: _optimizer(r.train, m))
     policy = parallel.unwrap(model)
     vocab = policy.get_input_embeddings().num_embeddings
-    rollouts = _rollouts(r, vocab, parallel.rank)
+    rollouts = _rollouts(r, vocab, parallel.rank, parallel.size)
     advantages = torch.linspace(-1.0, 1.0, len(rollouts.completion_ids))  # none 0: every row is computed
     micro = tuple(make_micro_batches(rollouts, advantages, list(range(len(advantages))),
                                      max_sequences=r.train.micro_batch_size, layout=choose_layout(policy)))

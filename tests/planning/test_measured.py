@@ -60,10 +60,10 @@ def test_predicted_training_peak_is_within_15_percent_of_the_measured_one(name, 
 @pytest.mark.slow
 def test_fsdp2_over_two_processes_within_15_percent(small_model, tmp_path):
     overrides = _overrides(["SMALL", *LONG, "train.micro_batch_size=8", "train.sharding=fsdp2",
-                            "train.num_processes=2", "algorithm.beta=0.1"], small_model)
+                            "train.num_processes=2", "train.prompts_per_step=4", "algorithm.beta=0.1"], small_model)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
            *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"rank"')]
