@@ -41,7 +41,7 @@ Q_SAVED, KV_SAVED = 2, 2
 #: The MLP's gate, up, act(gate) and act(gate) * up.
 MLP_SAVED = 4
 #: Gradient temporaries while a decoder layer runs backward: MLP-wide and hidden-wide tensors.
-MLP_GRAD_TEMPS, HIDDEN_GRAD_TEMPS = 2, 3
+MLP_GRAD_TEMPS, HIDDEN_GRAD_TEMPS = 1, 2
 #: Float32 blocks alive at once in the chunked log-softmax (forward: the block and logsumexp's temporary).
 LOGPROB_BLOCKS = 2
 #: FSDP2 / ZeRO-3 decoder layers whose parameters are gathered at once (the current and the prefetched one).

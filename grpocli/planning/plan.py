@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 GIB = 2**30
 #: Shared-prompt rows up to this many times the hidden size (grpocli.algorithms.packing.DENSE_ROW_FACTOR).
 DENSE_ROW_FACTOR = 4
+#: Completions per generate call of the 'hf' backend (grpocli.generation.hf.HFBackend's batch_size).
+HF_BATCH = 64
 #: The bound the search for the largest micro-batch stops at.
 MAX_SEARCH = 4096
 
@@ -129,9 +131,11 @@ def tokens_of(r: Recipe, shape: ModelShape, n: int) -> Tokens:
 
 
 def _hf_generation(r: Recipe, shape: ModelShape, compute: int, per_process: int) -> int:
-    """transformers' generate over the process's completions: the KV cache and one step's float32 logits."""
+    """transformers' generate, HF_BATCH completions a call (whole groups, at least one): the KV cache
+    and one step's float32 logits."""
     length = r.data.max_prompt_length + r.generation.max_completion_length
-    batch = per_process * r.train.steps_per_generation
+    g = r.generation.num_generations
+    batch = min(max(1, HF_BATCH // g) * g, per_process * r.train.steps_per_generation)
     kv = batch * length * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * compute
     return kv + batch * shape.vocab_size * F32
 
@@ -152,18 +156,21 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
     return plan
 
 
-def peak_of(r: Recipe, shape: ModelShape, gpus: int, gpu_memory: int, sharding: str | None = None) -> int:
+def peak_of(r: Recipe, shape: ModelShape, gpus: int, gpu_memory: int, sharding: str | None = None,
+            *, training_only: bool = False) -> int:
+    """The largest phase's bytes per process (`training_only`: of the log-prob and training phases)."""
     s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
-    return max(p.total for p in phases(shape, s))
+    return max(p.total for p in phases(shape, s)[1 if training_only else 0:])
 
 
 def _largest_micro_batch(r: Recipe, shape: ModelShape, gpus: int, gpu_memory: int, sharding: str | None) -> int:
-    """The largest train.micro_batch_size (no token budget) whose peak fits; 0 when 1 does not."""
+    """The largest train.micro_batch_size (no token budget) whose log-prob and training phases fit; 0 when
+    1 does not."""
     per_process = max(1, r.train.prompts_per_step * r.generation.num_generations // max(gpus, 1))
 
     def fits(n: int) -> bool:
         return peak_of(_with(r, {"train.micro_batch_size": n, "train.max_tokens_per_micro_batch": None}),
-                       shape, gpus, gpu_memory, sharding) <= gpu_memory
+                       shape, gpus, gpu_memory, sharding, training_only=True) <= gpu_memory
 
     if not fits(1):
         return 0

@@ -32,10 +32,10 @@ def render(plan: Plan, console: Any) -> None:
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     console.print(f"peak: {plan.peak.name}, {gib(plan.peak.total)} per process: {verdict} on {where}")
     if plan.largest_micro_batch:
-        console.print(f"largest train.micro_batch_size that fits: {plan.largest_micro_batch} "
+        console.print(f"largest train.micro_batch_size whose log-prob and training phases fit: {plan.largest_micro_batch} "
                       f"(or train.max_tokens_per_micro_batch={plan.largest_tokens})")
     else:
-        console.print("not even train.micro_batch_size=1 fits")
+        console.print("the log-prob and training phases do not fit even with train.micro_batch_size=1")
     if not plan.fits:
         console.print("what would lower the peak (each alone; paste after the recipe):")
         for knob in plan.knobs:
