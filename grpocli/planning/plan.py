@@ -56,6 +56,8 @@ class Plan:
     knobs: tuple[Knob, ...] = ()
     together: tuple[str, ...] = ()      # knobs that fit together, greedily chosen
     sharding: str | None = None         # what accelerate's config decided (None: train.sharding)
+    prompt_tokens: int = 0              # the worst case planned for: data.max_prompt_length
+    completion_tokens: int = 0          # generation.max_completion_length
 
     @property
     def peak(self) -> Phase:
@@ -146,7 +148,8 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
     """The plan of `r` on `gpus` devices of `gpu_memory` bytes (`knobs`: look for what would make it fit)."""
     s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
     plan = Plan(shape=shape, settings=s, phases=phases(shape, s), gpus=gpus, gpu_memory=gpu_memory,
-                memory_assumed=memory_assumed, largest_micro_batch=0, largest_tokens=0, sharding=sharding)
+                memory_assumed=memory_assumed, largest_micro_batch=0, largest_tokens=0, sharding=sharding,
+                prompt_tokens=r.data.max_prompt_length, completion_tokens=r.generation.max_completion_length)
     largest = _largest_micro_batch(r, shape, gpus, gpu_memory, sharding)
     length = r.data.max_prompt_length + r.generation.max_completion_length
     plan = replace(plan, largest_micro_batch=largest, largest_tokens=largest * length)

@@ -9,14 +9,16 @@ from grpocli.planning.plan import Plan, gib
 
 def render(plan: Plan, console: Any) -> None:
     """Print the plan on a rich Console."""
+    from rich.markup import escape
     from rich.table import Table
 
     s, shape = plan.settings, plan.shape
-    console.print(f"model: {shape.architecture} from {shape.source}: {shape.params:,} parameters, "
+    console.print(f"model: {shape.architecture} from {escape(shape.source)}: {shape.params:,} parameters, "
                   f"{shape.num_layers} layers, hidden {shape.hidden_size}, vocabulary {shape.vocab_size:,}"
                   + (f"; LoRA trains {s.lora_params:,}" if s.lora_params else ""))
     t = s.train
-    console.print(f"largest micro-batch: {t.rows} row(s) x {t.width} tokens, {t.scored} scored; "
+    console.print(f"largest micro-batch (every prompt {plan.prompt_tokens} tokens, every completion "
+                  f"{plan.completion_tokens}): {t.rows} row(s) x {t.width} tokens, {t.scored} scored; "
                   f"{s.micro_batches} micro-batch(es) a step on each of {s.processes} process(es)"
                   + (f", sharding {s.sharding}" if s.sharding != "none" and s.processes > 1 else ""))
     for phase in plan.phases:

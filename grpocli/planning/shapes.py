@@ -150,7 +150,8 @@ def _shape(cfg: Any, *, source: str, trust_remote_code: bool, where: str) -> Mod
     embedding = model.get_input_embeddings()
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embedding.weight
-    dtype = getattr(text, "dtype", None) or getattr(text, "torch_dtype", None)
+    # transformers 5 reads a config.json's torch_dtype as `dtype` (asking for torch_dtype warns); older ones keep it
+    dtype = getattr(text, "dtype", None) if hasattr(text, "dtype") else getattr(text, "torch_dtype", None)
     return ModelShape(
         source=source, architecture=type(model).__name__, vocab_size=text.vocab_size,
         hidden_size=text.hidden_size, num_layers=len(layers), num_heads=heads, num_kv_heads=kv_heads,
