@@ -3,8 +3,9 @@
 The config comes from `grpo plan --config PATH` (a config.json or a directory holding one), or
 from the recipe's `model.name_or_path`: 'tiny' ([model.tiny], the config grpocli.models.tiny
 builds), a save_pretrained directory, a packaged or GGUF model (its metadata; no tensor is read)
-or a hub id in the local Hugging Face cache. Parameter counts come from the model built on the
-meta device (no memory, no weights), so biases, tied embeddings and odd layers count as they are.
+or a hub id (its config.json alone; offline: from the local Hugging Face cache). Parameter counts
+come from the model built on the meta device (no memory, no weights), so biases, tied embeddings
+and odd layers count as they are.
 """
 
 from __future__ import annotations
@@ -90,14 +91,14 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     where = os.path.join(source.path, source.gguf_file) if source.gguf_file else source.path
     try:
-        cfg = AutoConfig.from_pretrained(source.path, local_files_only=True,
+        cfg = AutoConfig.from_pretrained(source.path, local_files_only=source.local_files_only,  # online: config.json only
                                          trust_remote_code=model.trust_remote_code, **kwargs)
     except (OSError, ValueError, KeyError) as err:
         raise UserError(
-            f"the config of {where} could not be read without downloading: {_first_line(err)}",
+            f"the config of {where} could not be read: {_first_line(err)}",
             where="model.name_or_path",
-            valid="a directory with config.json, a .gguf file or packaged model, or a hub id in the local "
-            "Hugging Face cache",
+            valid="a directory with config.json, a .gguf file or packaged model, or a hub id (offline: one in the "
+            "local Hugging Face cache)",
             hint="give the config yourself: grpo plan RECIPE --config PATH/config.json (the model's config.json "
             "from its hub page)",
         ) from None
