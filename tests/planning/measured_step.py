@@ -7,8 +7,11 @@ grpocli.models (gradient checkpointing, LoRA), is prepared by grpocli.parallel (
 FSDP2 over torchrun's processes), and trains on a batch of full-length sequences (every prompt
 data.max_prompt_length tokens, every completion generation.max_completion_length) laid out as the
 trainer lays them out (each group's first completion one token shorter, so that padded rows carry
-their attention mask, as real batches do). The peak is taken over two optimizer steps (the second holds AdamW's moments
-from the start), counting the weights, reference and optimizer state as MemTracker's externals.
+their attention mask, as real batches do). The peak is taken over two optimizer steps (the second
+holds AdamW's moments from the start), counting the weights, reference and optimizer state as
+MemTracker's externals. On
+CUDA: torch.cuda.max_memory_allocated over two steps after a first one, less what the allocator holds
+that is no tensor of the models or the optimizer (cuBLAS's workspaces).
 
     torchrun --nproc_per_node 2 tests/planning/measured_step.py OVERRIDE...   (one JSON line per process)
 """
@@ -65,6 +68,26 @@ def peak_tracker():
     return PeakTracker()
 
 
+def _held(*objects) -> int:
+    """Bytes of the distinct storages of the models' parameters and the optimizers' state."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            tensors = list(obj.parameters()) + list(obj.buffers())
+        elif obj is not None:
+            tensors = [t for state in obj.state_dict()["state"].values() for t in state.values()
+                       if isinstance(t, torch.Tensor)]
+        else:
+            tensors = []
+        for t in tensors:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if local.device.type == "cuda":
+                seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
 def _rollouts(r, vocab: int, rank: int, processes: int):
     """This process's share of a step's rollouts: prompts_per_step / processes groups."""
     import torch
@@ -117,9 +140,12 @@ def measure(overrides: list[str]) -> dict:
 
     kinds: dict[str, int] = {}
     if parallel.device.type == "cuda":  # the caching allocator's own count of every tensor allocated
+        steps()  # a first step allocates AdamW's moments and cuBLAS's workspaces, which stay
+        overhead = torch.cuda.memory_allocated(parallel.device) - _held(model, optimizer, reference)
         torch.cuda.reset_peak_memory_stats(parallel.device)
         steps()
-        measured = torch.cuda.max_memory_allocated(parallel.device)
+        measured = torch.cuda.max_memory_allocated(parallel.device) - overhead  # tensors only
+        kinds = {"overhead (not tensors of the step: cuBLAS workspaces)": overhead}
     else:
         tracker = peak_tracker()
         tracker.track_external(model, optimizer, *([reference] if reference is not None else []))
