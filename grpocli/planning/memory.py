@@ -42,7 +42,7 @@ Q_SAVED, KV_SAVED = 2, 2
 MLP_SAVED = 4
 #: Gradient temporaries while a decoder layer runs backward: MLP-wide and hidden-wide tensors.
 MLP_GRAD_TEMPS, HIDDEN_GRAD_TEMPS = 1, 2
-#: Float32 blocks alive at once in the chunked log-softmax (forward: the block and logsumexp's temporary).
+#: Float32 blocks alive at once in the chunked log-softmax of the training forward (log-probs, then entropy).
 LOGPROB_BLOCKS = 2
 #: FSDP2 / ZeRO-3 decoder layers whose parameters are gathered at once (the current and the prefetched one).
 GATHERED_LAYERS = 2
@@ -216,16 +216,22 @@ def training_phase(shape: ModelShape, s: Settings) -> Phase:
 
 
 def logprob_phase(shape: ModelShape, s: Settings) -> Phase:
-    """A no-grad log-prob pass (old policy, reference) of the largest log-prob micro-batch."""
+    """A no-grad log-prob pass (old policy, reference) of the largest log-prob micro-batch: nothing is
+    kept for backward, so the peak is a decoder layer's working tensors or, later, the logits and one
+    float32 block of the chunked log-softmax, whichever is larger."""
     t = s.logprob
-    h = shape.hidden_size
-    layer = t.tokens * (3 * shape.intermediate_size + 4 * h) * s.compute_bytes + t.mask * (1 + s.compute_bytes)
-    logits, work = _logits(shape, s, t, grad=False)
+    layer = t.tokens * (3 * shape.intermediate_size + 4 * shape.hidden_size) * s.compute_bytes
+    layer += t.mask * (1 + s.compute_bytes)           # the bool mask and sdpa's copy in the compute dtype
+    logits = t.scored * shape.vocab_size * s.compute_bytes
+    block = min(s.chunk_tokens, t.scored) * shape.vocab_size * F32
     parts = resident(shape, s, training=False)
     if s.sharding in ("fsdp2", "zero3") and s.processes > 1:
         parts.append(("gathered layers (FSDP2/ZeRO-3)", (shape.root_params + GATHERED_LAYERS * shape.layer_params)
                       * s.weight_bytes))
-    parts += [("forward working memory", layer), ("logits and log-prob blocks", logits + work)]
+    if layer >= logits + block:
+        parts.append(("forward working memory", layer))
+    else:
+        parts.append(("logits and log-prob block", logits + block))
     return Phase("log-prob passes", tuple(parts))
 
 

@@ -1,4 +1,4 @@
-"""The training phase of grpo's real step, measured: `grpo plan`'s prediction against torch's own
+"""The training phase of grpo's real step (and its no-grad log-prob pass), measured: `grpo plan`'s prediction against torch's own
 tracking of tensor allocations (torch.distributed._tools.mem_tracker.MemTracker).
 
 One configuration is a list of recipe overrides of the quickstart. The model is the recipe's (the
@@ -105,7 +105,8 @@ def _rollouts(r, vocab: int, rank: int, processes: int):
 
 
 def measure(overrides: list[str]) -> dict:
-    """Predicted and measured peak bytes of this process's training phase (two optimizer steps)."""
+    """Predicted and measured peak bytes of this process's training phase (two optimizer steps) and,
+    on a CPU, of the old policy's log-prob pass after them."""
     import torch
 
     from grpocli.algorithms.packing import choose_layout
@@ -139,6 +140,7 @@ def measure(overrides: list[str]) -> dict:
                            max_grad_norm=r.train.max_grad_norm)
 
     kinds: dict[str, int] = {}
+    logprob_measured = None
     if parallel.device.type == "cuda":  # the caching allocator's own count of every tensor allocated
         steps()  # a first step allocates AdamW's moments and cuBLAS's workspaces, which stay
         overhead = torch.cuda.memory_allocated(parallel.device) - _held(model, optimizer, reference)
@@ -154,9 +156,16 @@ def measure(overrides: list[str]) -> dict:
         peak = tracker.get_tracker_snapshot("peak")
         measured = sum(snap["Total"] for snap in peak.values())
         kinds = {str(k): v for snap in peak.values() for k, v in snap.items() if v}
+        tracker = peak_tracker()  # the old policy's pass, AdamW's moments held from the steps
+        tracker.track_external(model, optimizer, *([reference] if reference is not None else []))
+        with tracker:
+            frozen_logprobs(parallel, policy, micro, settings.temperature)
+        logprob_measured = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
     plan = make_plan(r, shape_of(r.model), gpus=parallel.size, gpu_memory=2**50, knobs=False)
     training = next(p for p in plan.phases if p.name == "training")
+    logprob = next(p for p in plan.phases if p.name == "log-prob passes")
     return {"rank": parallel.rank, "predicted": training.total, "measured": measured,
+            "logprob_predicted": logprob.total, "logprob_measured": logprob_measured,
             "parts": dict(training.parts), "rows": [tuple(mb.input_ids.shape) for mb in micro],
             "device": parallel.device.type, "measured_parts": kinds}
 

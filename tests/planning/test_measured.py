@@ -1,7 +1,7 @@
-"""`grpo plan`'s training-phase peak against the measured one: grpo's real step (two optimizer
-steps, forward + backward + AdamW) on real models, its tensor allocations tracked by torch's
-MemTracker (tests/planning/measured_step.py). Every configuration within 15%; the table is printed
-(pytest -s shows it)."""
+"""`grpo plan`'s training-phase and log-prob-pass peaks against the measured ones: grpo's real step
+(two optimizer steps, forward + backward + AdamW, then the old policy's no-grad pass) on real
+models, its tensor allocations tracked by torch's MemTracker (tests/planning/measured_step.py).
+Every configuration within 15%; the table is printed (pytest -s shows it)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,10 @@ def _check(name: str, predicted: int, measured: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_predicted_training_peak_is_within_15_percent_of_the_measured_one(name, small_model):
+def test_predicted_peaks_are_within_15_percent_of_the_measured_ones(name, small_model):
     line = measure(_overrides(CONFIGS[name], small_model))
     _check(name, line["predicted"], line["measured"])
+    _check(f"{name}: log-prob pass", line["logprob_predicted"], line["logprob_measured"])
 
 
 @pytest.mark.slow
@@ -70,3 +71,5 @@ def test_fsdp2_over_two_processes_within_15_percent(small_model, tmp_path):
     assert sorted(line["rank"] for line in lines) == [0, 1]
     for line in lines:
         _check(f"small, FSDP2 x 2, beta 0.1 (rank {line['rank']})", line["predicted"], line["measured"])
+        _check(f"small, FSDP2 x 2, beta 0.1 (rank {line['rank']}): log-prob pass", line["logprob_predicted"],
+               line["logprob_measured"])
