@@ -99,6 +99,20 @@ def test_gpu_memory_reads_binary_and_decimal_units():
             parse_memory(wrong)
 
 
+def test_the_train_check_refuses_with_the_numbers_and_the_knobs(tmp_path):
+    from grpocli.planning import check_fits
+    from grpocli.recipe import load_recipe
+
+    config = _config(tmp_path, "q3", QWEN25_3B)
+    r = load_recipe("quickstart", BIG_RUN).recipe
+    with pytest.raises(UserError) as refused:
+        check_fits(r, gpus=1, gpu_memory=24 * 2**30, config=str(config))
+    text = refused.value.render()
+    assert text.startswith("train.memory_check: the recipe needs") and "more than the 24.00 GiB" in text
+    assert "model.gradient_checkpointing=true (saves" in text and "train.memory_check=false skips" in text
+    assert check_fits(r, gpus=1, gpu_memory=2**40, config=str(config)).fits  # 1 TiB: no complaint
+
+
 def test_memory_check_does_nothing_off_cuda(tmp_path):
     from grpocli.parallel import Parallel
     from grpocli.recipe import load_recipe
