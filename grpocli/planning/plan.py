@@ -209,11 +209,12 @@ def _candidates(r: Recipe, shape: ModelShape, plan: Plan) -> list[dict[str, Any]
     if not m.gradient_checkpointing:
         out.append({"model.gradient_checkpointing": True})
     if plan.largest_micro_batch and plan.largest_micro_batch < s.train.rows:
-        out.append({"train.micro_batch_size": plan.largest_micro_batch, "train.max_tokens_per_micro_batch": None})
+        out.append({"train.micro_batch_size": plan.largest_micro_batch} if t.max_tokens_per_micro_batch is None
+                   else {"train.max_tokens_per_micro_batch": max(16, plan.largest_tokens)})
     if not m.lora.enabled:
         out.append({"model.lora.enabled": True})
     if s.sharding == "none":
-        out.append({"train.sharding": "fsdp2", "train.num_processes": max(plan.gpus, 8)})
+        out.append({"train.sharding": "fsdp2", "train.num_processes": _processes(r, shape, plan)})
     if s.reference:
         out.append({"algorithm.reference": "server"})
     if hasattr(t, "activation_offloading") and not t.activation_offloading:
@@ -226,6 +227,19 @@ def _candidates(r: Recipe, shape: ModelShape, plan: Plan) -> list[dict[str, Any]
         if 0.05 <= share < r.vllm.gpu_memory_utilization:
             out.append({"vllm.gpu_memory_utilization": share})
     return out
+
+
+def _processes(r: Recipe, shape: ModelShape, plan: Plan) -> int:
+    """Processes to shard over: --gpus when more than one, else the fewest of 2, 4, 8 (dividing
+    train.prompts_per_step) that fit, else the most of them."""
+    if plan.gpus > 1:
+        return plan.gpus
+    valid = [n for n in (2, 4, 8) if r.train.prompts_per_step % n == 0] or [1]
+    for n in valid:
+        if peak_of(_with(r, {"train.sharding": "fsdp2", "train.num_processes": n}), shape, n, plan.gpu_memory,
+                   "fsdp2") <= plan.gpu_memory:
+            return n
+    return valid[-1]
 
 
 def _render(changes: dict[str, Any]) -> tuple[str, ...]:
