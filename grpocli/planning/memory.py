@@ -26,7 +26,7 @@ allocations (MemTracker).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from grpocli.planning.shapes import ModelShape
 
@@ -245,7 +245,3 @@ def generation_phase(shape: ModelShape, s: Settings) -> Phase:
 
 def phases(shape: ModelShape, s: Settings) -> tuple[Phase, ...]:
     return generation_phase(shape, s), logprob_phase(shape, s), training_phase(shape, s)
-
-
-def with_settings(s: Settings, **changes: object) -> Settings:
-    return replace(s, **changes)
