@@ -59,6 +59,23 @@ def test_sharding_lora_and_checkpointing_lower_the_training_peak(tmp_path):
     assert checkpointed.total < base.total and sharded.total < base.total and lora.total < base.total
 
 
+def test_offloading_and_a_sleeping_engine_change_the_phases_they_name(tmp_path):
+    """train.activation_offloading and vllm.sleep_mode (keys of their own modules) as the memory model takes them."""
+    from dataclasses import replace
+
+    from grpocli.planning.memory import generation_phase, training_phase
+
+    plan = _plan([*BIG_RUN, "generation.backend=vllm"], _config(tmp_path, "q05", QWEN25_05B))
+    s, shape = plan.settings, plan.shape
+    assert s.engine_bytes == int(0.3 * 80 * 2**30)  # vllm.gpu_memory_utilization's share
+    assert training_phase(shape, s).get("vLLM engine share") == s.engine_bytes
+    asleep = replace(s, engine_sleeps=True)
+    assert training_phase(shape, asleep).get("vLLM engine share") == 0
+    assert generation_phase(shape, asleep).get("vLLM engine share") == s.engine_bytes
+    offloaded = training_phase(shape, replace(s, activation_offloading=True))
+    assert offloaded.total < training_phase(shape, s).total
+
+
 def test_a_3b_full_fine_tune_does_not_fit_on_24gib_and_fits_with_the_knobs_it_names(tmp_path, grpo):
     config = _config(tmp_path, "q3", QWEN25_3B)
     refused = grpo("plan", "quickstart", *BIG_RUN, "--config", str(config), "--gpu-memory", "24GiB")
