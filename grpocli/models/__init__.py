@@ -12,6 +12,7 @@ from typing import Any
 _EXPORTS = {
     "build_char_tokenizer": "grpocli.models.tokenizer",
     "build_tiny_model": "grpocli.models.tiny",
+    "tiny_config": "grpocli.models.tiny",
     "check_model": "grpocli.models.loader",
     "load_tokenizer": "grpocli.models.loader",
     "load_policy": "grpocli.models.loader",

@@ -97,6 +97,9 @@ def load_policy(model: ModelSection, seed: int, *, device: Any = None) -> PreTra
         policy.config.use_cache = False
     if model.lora.enabled:
         policy = _wrap_lora(policy, model.lora, seed)
+    # Training mode, as a tiny model built from its config already is: from_pretrained returns eval mode,
+    # where transformers skips gradient checkpointing (it checks `self.training`) and LoRA's dropout.
+    policy.train()
     return policy.to(device) if device is not None else policy
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
     from grpocli.recipe.schema import TinyModel
 
@@ -27,24 +27,11 @@ def build_tiny_model(
     The global torch RNG is left as it was (the seed is applied inside ``fork_rng``).
     """
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=tiny.hidden_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_heads,
-        intermediate_size=tiny.intermediate_size,
-        max_position_embeddings=tiny.max_position_embeddings,
-        tie_word_embeddings=True,
-        pad_token_id=pad_id,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        use_sliding_window=False,
-    )
+    config = tiny_config(tiny, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(
@@ -56,3 +43,24 @@ def build_tiny_model(
         bos_token_id=pad_id, eos_token_id=stop_ids, pad_token_id=pad_id
     )
     return model
+
+
+def tiny_config(tiny: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+    """The Qwen2Config of the tiny model `build_tiny_model` builds (grpo plan reads its shape from it)."""
+    from transformers import Qwen2Config
+
+    pad_id = tokenizer.pad_token_id
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
+        intermediate_size=tiny.intermediate_size,
+        max_position_embeddings=tiny.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        bos_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+        use_sliding_window=False,
+    )

@@ -288,6 +288,13 @@ class TrainSection(Section):
         "selects it too; DeepSpeed ZeRO comes only from accelerate's config (configs/deepspeed_zero*.yaml).",
         json_schema_extra=FREE_ON_RESUME,
     )
+    memory_check: bool = Field(
+        True, description="Before the model loads on a CUDA device, check that the recipe's predicted peak memory "
+        "per process (the model of `grpo plan`: weights, gradients, optimizer state, activations, logits, reference, "
+        "a colocated engine's share) fits the device; if it does not, stop with exit 2 and the knobs that would "
+        "make it fit. Runs only on CUDA devices (on a CPU it does nothing); false skips it.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     save_steps: int = Field(
         0, ge=0, description="Checkpoint every N steps (0: at the end only).",
         json_schema_extra=FREE_ON_RESUME,

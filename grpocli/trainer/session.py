@@ -126,6 +126,7 @@ class Session:
         changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
         checked = preflight(r)  # names first: a typo should not cost a model load
         parallel = start(r, run.root)
+        _check_memory(r, parallel)  # a recipe that cannot fit stops before a model loads
         set_seed(r.train.seed)
         if r.train.torch_threads:
             torch.set_num_threads(r.train.torch_threads)
@@ -275,6 +276,18 @@ def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:
     elif r.algorithm.beta > 0:
         reference = load_reference(r.model, r.train.seed, device=device)
     return tokenizer, model, reference
+
+
+def _check_memory(r: Recipe, parallel: Parallel) -> None:
+    """train.memory_check on a CUDA device: grpo plan's prediction against the device's memory (UserError if
+    it does not fit); nothing on other devices."""
+    if not r.train.memory_check or parallel.device.type != "cuda":
+        return
+    from grpocli.planning import check_fits
+
+    total = torch.cuda.get_device_properties(parallel.device).total_memory
+    stage = getattr(parallel, "stage", None)  # DeepSpeed ZeRO from accelerate's config
+    check_fits(r, gpus=parallel.size, gpu_memory=total, sharding=f"zero{stage}" if stage else parallel.sharding)
 
 
 def _optimizer(t: TrainSection, model: Any) -> tuple[Any, Any]:

@@ -56,6 +56,16 @@ def test_dtype_and_gradient_checkpointing_are_applied():
     assert policy.model.embed_tokens.weight.grad is not None
 
 
+def test_a_saved_policy_loads_in_training_mode_so_checkpointing_recomputes(saved_dir):
+    """from_pretrained returns eval mode, where transformers skips gradient checkpointing."""
+    policy = load_policy(ModelSection(name_or_path=str(saved_dir), gradient_checkpointing=True), seed=0)
+    assert policy.training
+    calls = []
+    policy.model.layers[0].mlp.register_forward_pre_hook(lambda *args: calls.append(1))
+    policy(torch.tensor([[9, 10, 11]]), labels=torch.tensor([[9, 10, 11]])).loss.backward()
+    assert len(calls) == 2  # the forward, and its recomputation in backward
+
+
 def test_local_directory_loads_the_saved_weights(saved_dir):
     section = ModelSection(name_or_path=str(saved_dir))
     policy = load_policy(section, seed=99)  # the seed does not matter for saved weights

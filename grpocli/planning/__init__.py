@@ -1,0 +1,21 @@
+"""`grpo plan`: how much device memory each phase of a training step takes, from the model's
+config and the recipe alone (no weights are loaded).
+
+    shapes.py   the model's shape (ModelShape): from config.json, [model.tiny], a packaged or
+                GGUF model's metadata; parameter counts exact (the model built on the meta device)
+    memory.py   the per-phase byte counts (generation, log-prob passes, training) as plain
+                functions returning immutable `Phase` values
+    plan.py     the plan of a recipe: the phases, the peak, whether it fits, the largest
+                micro-batch that does, and the knobs that would make it fit
+    report.py   the plan as rich tables or JSON
+
+The trainer calls `check_fits` before it loads a model onto a GPU (train.memory_check).
+"""
+
+from __future__ import annotations
+
+from grpocli.planning.memory import Phase, Settings
+from grpocli.planning.plan import Plan, check_fits, make_plan
+from grpocli.planning.shapes import ModelShape, shape_of
+
+__all__ = ["ModelShape", "Phase", "Plan", "Settings", "check_fits", "make_plan", "shape_of"]

@@ -1,0 +1,247 @@
+"""Bytes per process in each phase of a step, from the model's shape and the run's settings.
+
+Plain functions returning immutable `Phase` values (named byte counts). What they count is what
+grpo's step allocates (grpocli.trainer.step, grpocli.algorithms.logprobs, transformers' decoder
+layers under sdpa):
+
+* resident: the policy's weights, gradients (training only: `zero_grad(set_to_none=True)` after
+  each step), AdamW's two moments per trained parameter (in the parameter's dtype), an in-process
+  reference (algorithm.beta > 0), DDP's gradient buckets, a colocated engine's memory share;
+  FSDP2 / ZeRO-3 divide weights, gradients and moments by the processes and gather the root
+  (embeddings, final norm) and a decoder layer or two at a time;
+* activations saved for backward, per token of a micro-batch's rows, per decoder layer: its input
+  and the attention residual, each RMSNorm's normalised value and output, q/k/v, rotary halves and
+  results, the attention output twice (sdpa's and the contiguous copy), the MLP's gate, up,
+  activation and product; a 4D mask once; with gradient checkpointing only each layer's input plus
+  one layer recomputed; with activation offloading about one layer's;
+* the log-prob tail: logits `[rows, scored, V]` in the compute dtype, their gradient, and float32
+  blocks of `chunk_tokens` positions (grpocli.algorithms.logprobs).
+
+The peak of the training phase is the largest of three moments: the start of backward (every
+activation, logits and their gradient; gradients of earlier micro-batches), a decoder layer's
+backward (its recomputed activations and gradient temporaries), and the optimizer step (every
+gradient). tests/planning/test_measured.py checks these against torch's own tracking of tensor
+allocations (MemTracker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpocli.planning.shapes import ModelShape
+
+#: Float32 bytes: the norm's internals, log-softmax blocks, AdamW moments of float32 weights.
+F32 = 4
+#: Hidden-sized tensors a decoder layer saves for backward: its input, each RMSNorm's normalised
+#: value and output (the q/k/v and gate/up projections read that output), the attention output o_proj
+#: reads, the attention residual. (rotary's cos/sin need no q or k: they do not require grad.)
+HIDDEN_SAVED = 6
+#: sdpa keeps q and its output (query-sized), k and v (key-sized; with a mask, repeated to every query head).
+Q_SAVED, KV_SAVED = 2, 2
+#: The MLP's gate, up, act(gate) and act(gate) * up.
+MLP_SAVED = 4
+#: Gradient temporaries while a decoder layer runs backward: MLP-wide and hidden-wide tensors.
+MLP_GRAD_TEMPS, HIDDEN_GRAD_TEMPS = 1, 2
+#: Float32 blocks alive at once in the chunked log-softmax of the training forward (log-probs, then entropy).
+LOGPROB_BLOCKS = 2
+#: FSDP2 / ZeRO-3 decoder layers whose parameters are gathered at once (the current and the prefetched one).
+GATHERED_LAYERS = 2
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The shape of one micro-batch's forward pass."""
+
+    rows: int            # rows of the pass
+    width: int           # tokens per row (padding included)
+    scored: int          # positions whose logits are computed, all rows together
+    mask: int = 0        # elements of the 4D attention mask (shared / padded rows under sdpa); sdpa keeps a
+                         # copy in the compute dtype per layer
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.width
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the run holds the model (from the recipe and `grpo plan`'s options; grpocli.planning.plan)."""
+
+    weight_bytes: int = 4                 # model.dtype
+    compute_bytes: int = 4                # the dtype activations are computed in (autocast's under mixed precision)
+    lora_params: int = 0                  # trained LoRA parameters (0: every weight is trained)
+    lora_rank: int = 0
+    lora_linears: int = 0                 # adapted linear layers per decoder layer
+    gradient_checkpointing: bool = False
+    activation_offloading: bool = False
+    reference: bool = False               # an in-process reference model (algorithm.beta > 0, not a server)
+    processes: int = 1
+    sharding: str = "none"                # none (DDP), fsdp2, zero2, zero3
+    micro_batches: int = 1                # micro-batches per optimizer step on a process
+    train: Tokens = Tokens(1, 1, 1)       # the largest training micro-batch
+    logprob: Tokens = Tokens(1, 1, 1)     # the largest no-grad log-prob pass
+    chunk_tokens: int = 1024
+    entropy_grad: bool = False            # algorithm.entropy_coef > 0: a float32 softmax of every position kept
+    engine_bytes: int = 0                 # a colocated vLLM engine's share (weights, KV cache, its activations)
+    engine_sleeps: bool = False           # vllm.sleep_mode > 0: the engine gives its share back while training
+    generation_bytes: int = 0             # the 'hf' backend's KV cache and logits while it generates
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Autocast over float32 weights: float32 residual stream, cast copies of every weight."""
+        return self.weight_bytes == F32 and self.compute_bytes < F32
+
+    @property
+    def trainable_bytes(self) -> int:
+        """Bytes per trained parameter of its gradient and each AdamW moment (LoRA adapters: float32)."""
+        return F32 if self.lora_params else self.weight_bytes
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a step: what it holds, by name, in bytes per process."""
+
+    name: str
+    parts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.parts)
+
+    def get(self, name: str) -> int:
+        return sum(b for n, b in self.parts if n == name)
+
+
+def _share(count: int, s: Settings, sharded: tuple[str, ...]) -> int:
+    """`count` divided over the processes when the sharding splits it (ceil: shards are padded)."""
+    return -(-count // s.processes) if s.sharding in sharded else count
+
+
+def resident(shape: ModelShape, s: Settings, *, training: bool, generating: bool = False) -> list[tuple[str, int]]:
+    """What stays on the device through the phase: weights, (gradients), optimizer, reference, engine
+    (asleep outside generation with vllm.sleep_mode)."""
+    trained = s.lora_params or shape.params
+    weights = _share(shape.params, s, ("fsdp2", "zero3")) * s.weight_bytes
+    parts = [("policy weights", weights)]
+    if s.lora_params:
+        parts.append(("LoRA adapters", _share(s.lora_params, s, ("fsdp2", "zero3")) * F32))
+    if s.sharding in ("fsdp2", "zero3") and s.processes > 1 and training:
+        whole = shape.root_params + GATHERED_LAYERS * shape.layer_params
+        parts.append(("gathered layers (FSDP2/ZeRO-3)", whole * (s.compute_bytes if s.mixed_precision else s.weight_bytes)))
+    if training:
+        parts.append(("gradients", _share(trained, s, ("fsdp2", "zero2", "zero3")) * s.trainable_bytes))
+        if s.sharding == "none" and s.processes > 1:
+            parts.append(("DDP gradient buckets", trained * s.trainable_bytes))
+    parts.append(("optimizer state (AdamW)", 2 * _share(trained, s, ("fsdp2", "zero2", "zero3")) * s.trainable_bytes))
+    if s.sharding == "zero2" and s.weight_bytes < F32:
+        parts.append(("float32 master weights (ZeRO)", _share(trained, s, ("zero2",)) * F32))
+    if s.reference:
+        parts.append(("reference weights", _share(shape.params, s, ("fsdp2", "zero3")) * s.weight_bytes))
+    if s.engine_bytes and (generating or not s.engine_sleeps):
+        parts.append(("vLLM engine share", s.engine_bytes))
+    if s.mixed_precision and training:  # autocast keeps a compute-dtype copy of every weight it casts
+        parts.append(("autocast weight copies", _share(shape.params, s, ("fsdp2", "zero3")) * s.compute_bytes))
+    return parts
+
+
+def layer_bytes(shape: ModelShape, s: Settings, t: Tokens) -> int:
+    """Activation bytes one decoder layer saves for backward over the micro-batch `t` (module docstring)."""
+    h, cb = shape.hidden_size, s.compute_bytes
+    rb = F32 if s.mixed_precision else cb            # the residual stream's bytes
+    q = shape.num_heads * shape.head_dim
+    kv = q if t.mask else shape.num_kv_heads * shape.head_dim  # sdpa with a mask: k, v repeated to every head
+    per_token = HIDDEN_SAVED * h * rb + cb * (Q_SAVED * q + KV_SAVED * kv + MLP_SAVED * shape.intermediate_size)
+    per_token += F32 * (2 + shape.num_heads)          # the norms' rsqrt, sdpa's logsumexp
+    if s.weight_bytes < F32:                          # half weights: each norm keeps a float32 copy of its input
+        per_token += 2 * F32 * h
+    if s.mixed_precision:                             # autocast's copies of what q/k/v, gate/up and o_proj read
+        per_token += 3 * h * cb
+    if s.lora_params:                                 # lora_A's outputs, kept for lora_B
+        per_token += F32 * s.lora_rank * s.lora_linears
+    return per_token * t.tokens + t.mask * cb
+
+
+def root_bytes(shape: ModelShape, s: Settings, t: Tokens) -> int:
+    """Saved outside the decoder layers: the final norm, the ids, rotary's cos/sin, the hidden states
+    the lm_head reads at the scored positions."""
+    rb = F32 if s.mixed_precision else s.compute_bytes
+    norm = t.tokens * (2 * shape.hidden_size * rb + F32 + 8)
+    return norm + 2 * t.width * shape.head_dim * s.compute_bytes + t.scored * shape.hidden_size * s.compute_bytes
+
+
+def _logits(shape: ModelShape, s: Settings, t: Tokens, *, grad: bool) -> tuple[int, int]:
+    """(logits, the most log-prob working memory beside them): the gradient of the logits and one
+    float32 block in backward, or the forward's blocks."""
+    logits = t.scored * shape.vocab_size * s.compute_bytes
+    block = min(s.chunk_tokens, t.scored) * shape.vocab_size * F32
+    work = LOGPROB_BLOCKS * block
+    if grad:
+        work = max(work, logits + block)
+        if s.entropy_grad:
+            work += t.scored * shape.vocab_size * F32 * 2
+    return logits, work
+
+
+def training_phase(shape: ModelShape, s: Settings) -> Phase:
+    """Forward, backward and the optimizer step of the largest micro-batch."""
+    t = s.train
+    h, rb = shape.hidden_size, F32 if s.mixed_precision else s.compute_bytes
+    per_layer = layer_bytes(shape, s, t)
+    layer_input = h * rb * t.tokens
+    final = root_bytes(shape, s, t)
+    if s.activation_offloading:
+        saved = per_layer + final
+    elif s.gradient_checkpointing:
+        saved = shape.num_layers * layer_input + final
+    else:
+        saved = shape.num_layers * per_layer + final
+    logits, work = _logits(shape, s, t, grad=True)
+    grad_temps = t.tokens * (MLP_GRAD_TEMPS * shape.intermediate_size * s.compute_bytes + HIDDEN_GRAD_TEMPS * h * rb)
+    recompute = per_layer if (s.gradient_checkpointing or s.activation_offloading) else 0
+    parts = resident(shape, s, training=True)
+    grads = dict(parts)["gradients"]
+    parts = [p for p in parts if p[0] != "gradients"]
+    earlier = grads if s.micro_batches > 1 else 0     # gradients of the micro-batches before this one
+    root_grad = 0 if s.lora_params else min(grads, shape.embedding_params * s.trainable_bytes)
+    moments = {  # (gradients, activations, logits and their working memory) at each moment
+        "backward starts": (earlier, saved, logits + work),
+        "a layer's backward": (max(earlier, root_grad), saved + recompute + grad_temps, 0),
+        "optimizer step": (grads, 0, 0),
+    }
+    g, activations, tail = max(moments.values(), key=sum)
+    parts.append(("gradients", g))
+    parts.append(("activations" + (" (checkpointed)" if s.gradient_checkpointing else ""), activations))
+    parts.append(("logits and log-prob blocks", tail))
+    return Phase("training", tuple(parts))
+
+
+def logprob_phase(shape: ModelShape, s: Settings) -> Phase:
+    """A no-grad log-prob pass (old policy, reference) of the largest log-prob micro-batch: nothing is
+    kept for backward, so the peak is a decoder layer's working tensors or, later, the logits and one
+    float32 block of the chunked log-softmax, whichever is larger."""
+    t = s.logprob
+    layer = t.tokens * (3 * shape.intermediate_size + 4 * shape.hidden_size) * s.compute_bytes
+    layer += t.mask * (1 + s.compute_bytes)           # the bool mask and sdpa's copy in the compute dtype
+    logits = t.scored * shape.vocab_size * s.compute_bytes
+    block = min(s.chunk_tokens, t.scored) * shape.vocab_size * F32
+    parts = resident(shape, s, training=False)
+    if s.sharding in ("fsdp2", "zero3") and s.processes > 1:
+        parts.append(("gathered layers (FSDP2/ZeRO-3)", (shape.root_params + GATHERED_LAYERS * shape.layer_params)
+                      * s.weight_bytes))
+    if layer >= logits + block:
+        parts.append(("forward working memory", layer))
+    else:
+        parts.append(("logits and log-prob block", logits + block))
+    return Phase("log-prob passes", tuple(parts))
+
+
+def generation_phase(shape: ModelShape, s: Settings) -> Phase:
+    """Generation: the trainer's resident memory beside the engine (or the hf backend's KV cache)."""
+    parts = resident(shape, s, training=False, generating=True)
+    if s.generation_bytes:
+        parts.append(("generation KV cache and logits (hf)", s.generation_bytes))
+    return Phase("generation", tuple(parts))
+
+
+def phases(shape: ModelShape, s: Settings) -> tuple[Phase, ...]:
+    return generation_phase(shape, s), logprob_phase(shape, s), training_phase(shape, s)

@@ -1,0 +1,46 @@
+"""`grpo plan`'s output: a rich table per phase, the verdict, the largest micro-batch, the knobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpocli.planning.plan import Plan, gib
+
+
+def render(plan: Plan, console: Any) -> None:
+    """Print the plan on a rich Console."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    s, shape = plan.settings, plan.shape
+    console.print(f"model: {shape.architecture} from {escape(shape.source)}: {shape.params:,} parameters, "
+                  f"{shape.num_layers} layers, hidden {shape.hidden_size}, vocabulary {shape.vocab_size:,}"
+                  + (f"; LoRA trains {s.lora_params:,}" if s.lora_params else ""))
+    t = s.train
+    console.print(f"largest micro-batch (every prompt {plan.prompt_tokens} tokens, every completion "
+                  f"{plan.completion_tokens}): {t.rows} row(s) x {t.width} tokens, {t.scored} scored; "
+                  f"{s.micro_batches} micro-batch(es) a step on each of {s.processes} process(es)"
+                  + (f", sharding {s.sharding}" if s.sharding != "none" and s.processes > 1 else ""))
+    for phase in plan.phases:
+        table = Table(title=f"{phase.name}: {gib(phase.total)} per process", title_justify="left",
+                      show_header=False, box=None, pad_edge=False)
+        table.add_column("part")
+        table.add_column("bytes", justify="right")
+        for name, size in phase.parts:
+            table.add_row(name, gib(size))
+        console.print(table)
+    where = f"{plan.gpus} x {gib(plan.gpu_memory)}" + (" (assumed: no CUDA device here; --gpu-memory sets it)"
+                                                       if plan.memory_assumed else "")
+    verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
+    console.print(f"peak: {plan.peak.name}, {gib(plan.peak.total)} per process: {verdict} on {where}")
+    if plan.largest_micro_batch:
+        console.print(f"largest train.micro_batch_size whose log-prob and training phases fit: {plan.largest_micro_batch} "
+                      f"(or train.max_tokens_per_micro_batch={plan.largest_tokens})")
+    else:
+        console.print("the log-prob and training phases do not fit even with train.micro_batch_size=1")
+    if not plan.fits:
+        console.print("what would lower the peak (each alone; paste after the recipe):")
+        for knob in plan.knobs:
+            console.print(f"  {knob.text}  saves {gib(knob.saves)}" + ("  (fits)" if knob.fits else ""))
+        if plan.together:
+            console.print(f"together these fit: {' '.join(plan.together)}")
