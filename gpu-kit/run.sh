@@ -10,9 +10,9 @@
 #   KIT_VENV=/tmp/kit-venv ./run.sh   # into a new venv that sees the system's packages
 #
 # Settings (environment): PYTHON (default python3), KIT_SHAPES ("qwen2.5-0.5b qwen2.5-1.5b"),
-# KIT_RECIPE (quickstart), KIT_DTYPE (bfloat16), KIT_BACKEND (auto: vLLM where installed, else hf), KIT_LENGTH (256 completion tokens), KIT_STEPS (4),
-# KIT_REPEATS (1 trial per framework), KIT_STEP_TIMEOUT (600 s), KIT_OUT (./results),
-# KIT_SKIP ("" or any of: install tests plan bench vs-trl).
+# KIT_RECIPE (quickstart), KIT_DTYPE (bfloat16), KIT_BACKEND (auto: vLLM where installed, else hf),
+# KIT_LENGTH (256 completion tokens), KIT_STEPS (4), KIT_REPEATS (1 trial per framework),
+# KIT_STEP_TIMEOUT (600 s), KIT_OUT (./results), KIT_SKIP ("" or any of: install tests plan bench vs-trl).
 set -u
 KIT=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-python3}
@@ -65,9 +65,9 @@ fi
 
 for shape in $SHAPES; do
     mapfile -t MODEL < <("$PY" -m grpocli.benchmark.shapes "$shape")
-    SET=("${MODEL[@]}" "model.dtype=$DTYPE" "generation.backend=$BACKEND" "generation.max_completion_length=$LENGTH" "train.prompts_per_step=8"
-         "generation.num_generations=8" "train.micro_batch_size=16" "train.learning_rate=1e-6" "eval.every=0"
-         "train.save_steps=0" "log.rollouts_every=0")
+    SET=("${MODEL[@]}" "model.dtype=$DTYPE" "generation.backend=$BACKEND" "generation.max_completion_length=$LENGTH"
+         "train.prompts_per_step=8" "generation.num_generations=8" "train.micro_batch_size=16"
+         "train.learning_rate=1e-6" "eval.every=0" "train.save_steps=0" "log.rollouts_every=0")
     if ! skipped plan && "${GRPO[@]}" plan --help > /dev/null 2>&1; then
         step "plan-$shape" "$OUT/plan-$shape.json" "${GRPO[@]}" plan "$RECIPE" "${SET[@]}" --json
     fi

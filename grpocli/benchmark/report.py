@@ -23,7 +23,7 @@ def figures(recipe: str, m: Measurement, peak: Peak, fc: Forecast) -> dict[str, 
     total_flops = sum(flops.values())
     tokens = {
         "generation": sum(r.completion_tokens for r in rows) / n,
-        "logprobs": sum(r.trained_tokens for r in rows) / n if seconds["logprobs"] else 0.0,
+        "logprobs": sum(r.trained_tokens for r in rows) / n if flops["logprobs"] else 0.0,
         "training": sum(r.trained_tokens for r in rows) / n,
     }
     achieved = total_flops / step_s if step_s else 0.0
@@ -65,17 +65,17 @@ def text(f: dict[str, Any]) -> str:
         f"model {f['parameters'] / 1e6:.1f}M parameters, {f['dtype']} on {f['device']}; generation {f['backend']}; "
         f"start-up {f['startup_s']:.1f} s",
         "",
-        f"  {'phase':16s} {'s/step':>8s} {'share':>6s} {'tokens/s':>10s} {'FLOPs/step':>12s}",
+        f"  {'phase':16s} {'s/step':>8s} {'share':>6s} {'tokens/s':>10s} {'FLOPs/step':>14s}",
     ]
     for p in PHASES:
         s = f["phases_s"][p]
         tps = f["tokens_per_s"].get(p)
         fl = f["flops_per_step_by_phase"].get(p)
         lines.append(f"  {LABELS[p]:16s} {s:8.3f} {s / f['s_per_step']:6.1%} "
-                     f"{(f'{tps:10.1f}' if tps else ' ' * 10)} {(_si(fl) + 'FLOP' if fl else ''):>12s}")
+                     f"{(f'{tps:10.1f}' if tps else ' ' * 10)} {(_si(fl) + 'FLOP' if fl else ''):>14s}")
     lines += [
         f"  {'step':16s} {f['s_per_step']:8.3f} {'':6s} {f['completion_tokens_per_s']:10.1f} "
-        f"{_si(f['flops_per_step']) + 'FLOP':>12s}",
+        f"{_si(f['flops_per_step']) + 'FLOP':>14s}",
         "  (tokens/s: generation counts completion tokens; log-prob passes and training count the trained "
         "groups' tokens, prompt once per group)",
         "",
@@ -86,9 +86,9 @@ def text(f: dict[str, Any]) -> str:
         "",
         f"forecast for train.steps = {fc['steps']}: {_clock(fc['total_s'])} "
         f"(start-up {f['startup_s']:.0f} s + {fc['steps']} x {fc['s_per_step']:.2f} s"
-        + (f" + {fc['evaluations']} evaluations x {f['evaluation_s']:.1f} s" if f["evaluation_s"] is not None
+        + (f" + {fc['evaluations']} evaluation(s) x {f['evaluation_s']:.1f} s" if f["evaluation_s"] is not None
            and fc["evaluations"] else "")
-        + (f" + {fc['checkpoints']} checkpoints x {f['checkpoint_s']:.1f} s" if f["checkpoint_s"] is not None else
+        + (f" + {fc['checkpoints']} checkpoint(s) x {f['checkpoint_s']:.1f} s" if f["checkpoint_s"] is not None else
            " ; evaluations and checkpoints not measured")
         + ")",
         f"  lengths now: {fc['lengths']}; measured {fc['measured_s_per_step']:.2f} s a step; "

@@ -60,7 +60,9 @@ def bench(
 
 def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started: float, as_json: bool,
              forced: bool, extras: bool) -> None:
+    import contextlib
     import shutil
+    import sys
     import tempfile
 
     from grpocli.benchmark.forecast import forecast
@@ -75,7 +77,8 @@ def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started
         one = ["train.num_processes=1"] if r.train.num_processes > 1 else []
         bench = load_recipe(recipe, [*overrides, *one, f"train.steps={steps}", f"train.output_dir={scratch}/run",
                                      "log.progress=none", "log.report_to=[]", "train.resume=never"])
-        m = measure(bench, started=started, extras=extras, forced=forced)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the figures only (libraries' logs go to stderr)
+            m = measure(bench, started=started, extras=extras, forced=forced)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if r.train.num_processes > 1:
