@@ -16,8 +16,9 @@ def store(wheel: Path) -> None:
     tmp = wheel.with_suffix(".tmp")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as dst:
         for info in src.infolist():
+            data = src.read(info)  # before the entry is marked stored: `info` is the source's own record
             info.compress_type = zipfile.ZIP_STORED
-            dst.writestr(info, src.read(info.filename))
+            dst.writestr(info, data)
     tmp.replace(wheel)
 
 

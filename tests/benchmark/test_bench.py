@@ -1,6 +1,6 @@
-"""`grpo bench`'s arithmetic against real parts: FLOPs against a real model's layers, the forecast's
-length correction, the measured peak, and bad input. The command itself runs end to end in
-tests/test_gpu_kit.py (the kit's bench step, a real tiny model)."""
+"""`grpo bench` against real parts: real steps of a tiny recipe measured (forced lengths, FLOPs,
+the figures and their JSON), FLOPs against a real model's layers, the forecast's length
+correction, the measured peak, and bad input. `--vs-trl` runs in tests/test_gpu_kit.py."""
 
 from __future__ import annotations
 
@@ -18,6 +18,34 @@ def _tiny_model(shape: str = "cpu-tiny"):
 
     r = load_recipe("quickstart", shape_overrides(shape)).recipe
     return load_policy(r.model, seed=0)
+
+
+def test_real_steps_of_a_tiny_recipe_are_measured_phase_by_phase(tmp_path):
+    import json
+    import time
+
+    import torch
+
+    from grpocli.benchmark.measurement import measure
+    from grpocli.benchmark.peak import matmul_peak
+    from grpocli.benchmark.report import figures, text
+    from grpocli.recipe import load_recipe
+
+    run = tmp_path / "run"
+    resolved = load_recipe("quickstart", [*shape_overrides("cpu-tiny"), "train.steps=2", f"train.output_dir={run}",
+                                          "generation.max_completion_length=8", "log.progress=none"])
+    m = measure(resolved, started=time.perf_counter(), forced=True)
+    assert [r.step for r in m.steps] == [1, 2]
+    for r in m.steps:  # EOS suppressed: every completion 8 tokens, 8 prompts x 8
+        assert r.completion_tokens == 64 * 8 and r.longest_completion == 8 and r.mean_completion == 8
+        assert r.flops["generation"] > 0 and r.phases["generation"] > 0 and r.peak_memory > 0
+        assert sum(r.phases.values()) == pytest.approx(r.seconds, rel=1e-6)
+    assert m.checkpoint_s > 0 and (run / "checkpoints" / "step-2").is_dir() and m.evaluation_s is None
+    fc = forecast(m, steps=100, max_completion_length=8, eval_every=0, save_steps=0)
+    assert fc.s_per_step_at_max == pytest.approx(fc.s_per_step)  # already at the longest
+    f = figures("quickstart", m, matmul_peak("cpu", torch.float32, sizes=(128,), seconds=0.05), fc)
+    assert json.loads(json.dumps(f))["flops_per_step"] == pytest.approx(sum(m.steps[1].flops.values()))
+    assert 0 < f["mfu"] and "forecast for train.steps = 100" in text(f)
 
 
 def test_matmul_weights_are_the_weights_of_the_models_linear_layers():
