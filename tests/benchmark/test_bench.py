@@ -58,6 +58,15 @@ def test_matmul_weights_are_the_weights_of_the_models_linear_layers():
     assert shape.matmul_weights == linear  # the head is tied to the embedding but still a matmul
 
 
+def test_a_padded_vocabulary_decodes_its_filler_tokens_and_encodes_text_as_before():
+    from grpocli.models.tokenizer import build_char_tokenizer
+
+    plain, padded = build_char_tokenizer(), build_char_tokenizer(vocab_size=512)
+    assert (len(plain), len(padded)) == (104, 512)
+    assert padded.decode([300, 40, 511]) == "<t300>" + plain.decode([40]) + "<t511>"
+    assert padded.encode("What is <t300>?") == plain.encode("What is <t300>?")  # no merges: never a filler
+
+
 def test_a_group_counts_its_prompt_once_and_attention_over_earlier_positions():
     shape = ModelShape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=16, vocab_size=10)
     grp = GroupTokens(prompt=3, completions=[2, 1])
