@@ -17,7 +17,6 @@ from importlib import metadata
 
 from packaging.requirements import Requirement
 
-
 #: grpocli's dependencies that a node's transformers may or may not bring (small wheels).
 LIGHT = ["typer", "rich", "pydantic", "pydantic-settings", "pluggy", "safetensors", "tomli-w"]
 

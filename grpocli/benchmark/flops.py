@@ -15,8 +15,9 @@ Padding and the groups a step drops (no reward spread) are not counted: MFU is u
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
