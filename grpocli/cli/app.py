@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import evaluate, export, failures, inspect, plan, ref_serve, serve, train
+from grpocli.cli import bench, evaluate, export, failures, inspect, plan, ref_serve, serve, train
 from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ evaluate.add_to(app)
 export.add_to(app)
 inspect.add_to(app)
 plan.add_to(app)
+bench.add_to(app)
 
 
 def _version(value: bool) -> None:

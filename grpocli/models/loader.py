@@ -39,7 +39,7 @@ def load_tokenizer(model: ModelSection) -> PreTrainedTokenizerBase:
     if name == TINY:
         from grpocli.models.tokenizer import build_char_tokenizer
 
-        return build_char_tokenizer()
+        return build_char_tokenizer(vocab_size=model.tiny.vocab_size)
     source = resolve(name, key=key, what="tokenizer", gguf=True)
     from transformers import AutoTokenizer
 

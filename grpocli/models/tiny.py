@@ -55,7 +55,7 @@ def tiny_config(tiny: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Con
         hidden_size=tiny.hidden_size,
         num_hidden_layers=tiny.num_layers,
         num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_kv_heads or tiny.num_heads,
         intermediate_size=tiny.intermediate_size,
         max_position_embeddings=tiny.max_position_embeddings,
         tie_word_embeddings=True,

@@ -54,8 +54,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer described in the module docstring (no files, no network)."""
+def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """The character-level tokenizer described in the module docstring (no files, no network).
+
+    `vocab_size` (a real model's embedding rows, for benchmarks at its shape): ids 104.. are filler
+    tokens `<t104>`, `<t105>`, ... that encoding never produces (there are no merges) and decoding
+    writes out as they read, so a model that samples them yields completions of varied length.
+    """
     from tokenizers import (
         AddedToken,
         Regex,
@@ -70,6 +75,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     symbols = [byte_level.pre_tokenize_str(c)[0][0] for c in CHARACTERS]  # " " -> "Ġ", ...
     vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *TAG_TOKENS, *symbols))}
+    vocab.update({f"<t{i}>": i for i in range(len(vocab), vocab_size or 0)})
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence(

@@ -81,7 +81,7 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
     if name == "tiny":
         from grpocli.models import build_char_tokenizer, tiny_config
 
-        cfg = tiny_config(model.tiny, build_char_tokenizer())
+        cfg = tiny_config(model.tiny, build_char_tokenizer(vocab_size=model.tiny.vocab_size))
         return _shape(cfg, source="[model.tiny]", trust_remote_code=False, where="model.tiny")
     from grpocli.models.source import resolve
 

@@ -37,6 +37,13 @@ class TinyModel(Section):
     num_heads: int = Field(2, ge=1, le=64, description="Attention heads (must divide hidden_size; vLLM on CPU needs head size 32, 64, 80, 96, 112 or 128).")
     intermediate_size: int = Field(128, ge=8, le=16384, description="MLP width.")
     max_position_embeddings: int = Field(1024, ge=64, le=32768, description="Longest sequence.")
+    num_kv_heads: int | None = Field(
+        None, ge=1, le=64, description="Key/value heads (grouped-query attention; must divide num_heads); "
+        "default: num_heads.")
+    vocab_size: int | None = Field(
+        None, ge=104, le=262144, description="Vocabulary (embedding rows), for a real model's shape: the "
+        "character tokenizer's 104 tokens padded with filler tokens '<tN>' (never produced by encoding, "
+        "decoded as written); default: 104.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModel:
@@ -44,6 +51,8 @@ class TinyModel(Section):
             raise ValueError(
                 f"num_heads ({self.num_heads}) must divide hidden_size ({self.hidden_size})"
             )
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         return self
 
 

@@ -1,0 +1,99 @@
+"""`grpo bench`'s figures: a table on the terminal, or one JSON line (`--json`, for scripts and the GPU kit)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from grpocli.benchmark.forecast import Forecast, measured
+from grpocli.benchmark.measurement import PHASES, Measurement
+from grpocli.benchmark.peak import Peak
+
+LABELS = {"generation": "generation", "rewards": "rewards", "logprobs": "log-prob passes",
+          "training": "training", "weight_sync": "weight sync", "other": "other"}
+
+
+def figures(recipe: str, m: Measurement, peak: Peak, fc: Forecast) -> dict[str, Any]:
+    """Everything measured, as plain numbers (the JSON line)."""
+    rows = measured(m.steps)
+    n = len(rows)
+    seconds = {p: sum(r.phases[p] for r in rows) / n for p in PHASES}
+    step_s = sum(r.seconds for r in rows) / n
+    flops = {k: sum(r.flops[k] for r in rows) / n for k in ("generation", "logprobs", "training")}
+    total_flops = sum(flops.values())
+    tokens = {
+        "generation": sum(r.completion_tokens for r in rows) / n,
+        "logprobs": sum(r.trained_tokens for r in rows) / n if flops["logprobs"] else 0.0,
+        "training": sum(r.trained_tokens for r in rows) / n,
+    }
+    achieved = total_flops / step_s if step_s else 0.0
+    return {
+        "recipe": recipe, "steps_run": len(m.steps), "steps_measured": n, "parameters": m.parameters,
+        "dtype": m.dtype, "device": m.device, "backend": m.backend, "startup_s": m.startup_s,
+        "s_per_step": step_s, "phases_s": seconds,
+        "tokens_per_s": {k: (tokens[k] / seconds[k] if seconds[k] else 0.0) for k in tokens},
+        "completion_tokens_per_s": tokens["generation"] / step_s if step_s else 0.0,
+        "mean_completion_length": sum(r.mean_completion for r in rows) / n,
+        "flops_per_step": total_flops, "flops_per_step_by_phase": flops,
+        "achieved_flops_per_s": achieved, "peak_flops_per_s": peak.flops_per_s,
+        "peak_device": peak.device, "peak_dtype": peak.dtype, "mfu": achieved / peak.flops_per_s,
+        "peak_memory_bytes": max(r.peak_memory for r in m.steps), "peak_memory_kind": m.memory_kind,
+        "peak_memory_by_step": [r.peak_memory for r in m.steps],
+        "evaluation_s": m.evaluation_s, "checkpoint_s": m.checkpoint_s,
+        "forecast": asdict(fc), "notes": m.notes,
+    }
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.2f} "
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return (f"{h}:" if h else "") + f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def text(f: dict[str, Any]) -> str:
+    fc = f["forecast"]
+    lines = [
+        f"grpo bench {f['recipe']}: {f['steps_run']} steps, step 1 warm-up, figures are means of the "
+        f"{f['steps_measured']} after it",
+        f"model {f['parameters'] / 1e6:.1f}M parameters, {f['dtype']} on {f['device']}; generation {f['backend']}; "
+        f"start-up {f['startup_s']:.1f} s",
+        "",
+        f"  {'phase':16s} {'s/step':>8s} {'share':>6s} {'tokens/s':>10s} {'FLOPs/step':>14s}",
+    ]
+    for p in PHASES:
+        s = f["phases_s"][p]
+        tps = f["tokens_per_s"].get(p)
+        fl = f["flops_per_step_by_phase"].get(p)
+        lines.append(f"  {LABELS[p]:16s} {s:8.3f} {s / f['s_per_step']:6.1%} "
+                     f"{(f'{tps:10.1f}' if tps else ' ' * 10)} {(_si(fl) + 'FLOP' if fl else ''):>14s}")
+    lines += [
+        f"  {'step':16s} {f['s_per_step']:8.3f} {'':6s} {f['completion_tokens_per_s']:10.1f} "
+        f"{_si(f['flops_per_step']) + 'FLOP':>14s}",
+        "  (tokens/s: generation counts completion tokens; log-prob passes and training count the trained "
+        "groups' tokens, prompt once per group)",
+        "",
+        f"achieved {_si(f['achieved_flops_per_s'])}FLOP/s; measured matmul peak {_si(f['peak_flops_per_s'])}FLOP/s "
+        f"({f['peak_device']}, {f['peak_dtype']}); MFU {f['mfu']:.1%}",
+        f"peak memory {f['peak_memory_bytes'] / 2**30:.2f} GiB ({f['peak_memory_kind']}); after each step: "
+        + ", ".join(f"{b / 2**30:.2f}" for b in f["peak_memory_by_step"]) + " GiB",
+        "",
+        f"forecast for train.steps = {fc['steps']}: {_clock(fc['total_s'])} "
+        f"(start-up {f['startup_s']:.0f} s + {fc['steps']} x {fc['s_per_step']:.2f} s"
+        + (f" + {fc['evaluations']} evaluation(s) x {f['evaluation_s']:.1f} s" if f["evaluation_s"] is not None
+           and fc["evaluations"] else "")
+        + (f" + {fc['checkpoints']} checkpoint(s) x {f['checkpoint_s']:.1f} s" if f["checkpoint_s"] is not None else
+           " ; evaluations and checkpoints not measured")
+        + ")",
+        f"  lengths now: {fc['lengths']}; measured {fc['measured_s_per_step']:.2f} s a step; "
+        f"if every completion reaches max_completion_length: {fc['s_per_step_at_max']:.2f} s a step, "
+        f"{_clock(fc['total_at_max_s'])} in all",
+    ]
+    lines += [f"note: {n}" for n in f["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""`grpo bench RECIPE [section.key=value ...] [--steps N] [--vs-trl] [--json]`."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import typer
+
+HELP = """Measure a few real steps of a recipe and forecast the whole run.
+
+Runs --steps optimizer steps of RECIPE (step 1 is warm-up) in a scratch run directory (the recipe's train.output_dir is not touched). Prints per phase (generation, rewards, log-prob passes, training, weight sync) seconds and tokens/s; the step's FLOPs, the FLOP/s achieved and MFU against this device's matmul peak, measured here at the training dtype; peak memory; and a forecast of train.steps steps at the completion lengths the model produces now (one evaluation and one checkpoint are timed too, unless --only-steps).
+
+--vs-trl runs grpo and TRL's GRPOTrainer (pip install trl) at equal work on this recipe in fresh processes, alternating, every completion forced to max_completion_length, and prints the ratio.
+
+Examples:
+
+  grpo bench smollm2_arithmetic
+
+  grpo bench quickstart --steps 5 --json
+
+  grpo bench quickstart --vs-trl --repeats 2 --steps 4
+"""
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("bench", help=HELP, no_args_is_help=True)(bench)
+
+
+def bench(
+    recipe: str = typer.Argument(..., help="Recipe path or built-in recipe name."),
+    overrides: list[str] = typer.Argument(None, help="section.key=value overrides.", show_default=False),
+    steps: int = typer.Option(3, "--steps", min=1, max=1000, help="Optimizer steps to run (step 1 is warm-up)."),
+    vs_trl: bool = typer.Option(False, "--vs-trl", help="Compare with TRL's GRPOTrainer at equal work."),
+    repeats: int = typer.Option(2, "--repeats", min=1, max=20, help="--vs-trl: trials per framework."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON line instead of the table."),
+    forced_lengths: bool = typer.Option(False, "--forced-lengths",
+                                        help="Every completion exactly max_completion_length tokens (EOS suppressed)."),
+    only_steps: bool = typer.Option(False, "--only-steps", help="Do not time an evaluation and a checkpoint."),
+    timeout: float = typer.Option(600, "--timeout", min=10, help="--vs-trl: seconds each trial may take."),
+) -> None:
+    started = time.perf_counter()
+    from grpocli.recipe import load_recipe
+
+    overrides = overrides or []
+    resolved = load_recipe(recipe, overrides)  # the whole run, for the forecast; a bad key fails here
+    if vs_trl:
+        from grpocli.benchmark.vs_trl import compare, text
+
+        out = compare(recipe, overrides, steps=max(steps, 2), repeats=repeats, threads=resolved.recipe.train.torch_threads,
+                      timeout=timeout, say=(lambda line: None) if as_json else typer.echo)
+        if as_json:
+            typer.echo(json.dumps({k: v for k, v in out.items() if k != "trials"}))
+        else:
+            typer.echo(text(out))
+        return
+    _measure(recipe, resolved, overrides, steps=steps, started=started, as_json=as_json, forced=forced_lengths,
+             extras=not only_steps)
+
+
+def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started: float, as_json: bool,
+             forced: bool, extras: bool) -> None:
+    import contextlib
+    import shutil
+    import sys
+    import tempfile
+
+    from grpocli.benchmark.forecast import forecast
+    from grpocli.benchmark.measurement import measure
+    from grpocli.benchmark.peak import matmul_peak
+    from grpocli.benchmark.report import figures, text
+    from grpocli.recipe import load_recipe
+
+    r = resolved.recipe
+    scratch = tempfile.mkdtemp(prefix="grpo-bench-")
+    try:
+        one = ["train.num_processes=1"] if r.train.num_processes > 1 else []
+        bench = load_recipe(recipe, [*overrides, *one, f"train.steps={steps}", f"train.output_dir={scratch}/run",
+                                     "log.progress=none", "log.report_to=[]", "train.resume=never"])
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the figures only (libraries' logs go to stderr)
+            m = measure(bench, started=started, extras=extras, forced=forced)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if r.train.num_processes > 1:
+        m.notes.append(f"the recipe runs {r.train.num_processes} processes; the bench ran one")
+    if forced:
+        m.notes.append("completions forced to max_completion_length (--forced-lengths)")
+    peak = matmul_peak(m.device, _dtype(m.dtype))
+    fc = forecast(m, steps=r.train.steps, max_completion_length=r.generation.max_completion_length,
+                  eval_every=r.eval.every, save_steps=r.train.save_steps)
+    f = figures(resolved.name, m, peak, fc)
+    typer.echo(json.dumps(f) if as_json else text(f))
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)

@@ -1,0 +1,120 @@
+"""`grpo bench` against real parts: real steps of a tiny recipe measured (forced lengths, FLOPs,
+the figures and their JSON), FLOPs against a real model's layers, the forecast's length
+correction, the measured peak, and bad input. `--vs-trl` runs in tests/test_gpu_kit.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpocli.benchmark.flops import GroupTokens, ModelShape, group_tokens, passes_flops
+from grpocli.benchmark.forecast import counts, forecast, step_seconds
+from grpocli.benchmark.measurement import Measurement, StepRecord
+from grpocli.benchmark.shapes import SHAPES, shape_overrides
+
+
+def _tiny_model(shape: str = "cpu-tiny"):
+    from grpocli.models.loader import load_policy
+    from grpocli.recipe import load_recipe
+
+    r = load_recipe("quickstart", shape_overrides(shape)).recipe
+    return load_policy(r.model, seed=0)
+
+
+def test_real_steps_of_a_tiny_recipe_are_measured_phase_by_phase(tmp_path):
+    import json
+    import time
+
+    import torch
+
+    from grpocli.benchmark.measurement import measure
+    from grpocli.benchmark.peak import matmul_peak
+    from grpocli.benchmark.report import figures, text
+    from grpocli.recipe import load_recipe
+
+    run = tmp_path / "run"
+    resolved = load_recipe("quickstart", [*shape_overrides("cpu-tiny"), "train.steps=2", f"train.output_dir={run}",
+                                          "generation.max_completion_length=8", "log.progress=none"])
+    m = measure(resolved, started=time.perf_counter(), forced=True)
+    assert [r.step for r in m.steps] == [1, 2]
+    for r in m.steps:  # EOS suppressed: every completion 8 tokens, 8 prompts x 8
+        assert r.completion_tokens == 64 * 8 and r.longest_completion == 8 and r.mean_completion == 8
+        assert r.flops["generation"] > 0 and r.phases["generation"] > 0 and r.peak_memory > 0
+        assert sum(r.phases.values()) == pytest.approx(r.seconds, rel=1e-6)
+    assert m.checkpoint_s > 0 and (run / "checkpoints" / "step-2").is_dir() and m.evaluation_s is None
+    fc = forecast(m, steps=100, max_completion_length=8, eval_every=0, save_steps=0)
+    assert fc.s_per_step_at_max == pytest.approx(fc.s_per_step)  # already at the longest
+    f = figures("quickstart", m, matmul_peak("cpu", torch.float32, sizes=(128,), seconds=0.05), fc)
+    assert json.loads(json.dumps(f))["flops_per_step"] == pytest.approx(sum(m.steps[1].flops.values()))
+    assert 0 < f["mfu"] and "forecast for train.steps = 100" in text(f)
+
+
+def test_matmul_weights_are_the_weights_of_the_models_linear_layers():
+    import torch
+
+    model = _tiny_model()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    shape = ModelShape.of(model.config)
+    assert shape.num_kv_heads == 1 and shape.vocab_size == SHAPES["cpu-tiny"]["vocab_size"]
+    assert shape.matmul_weights == linear  # the head is tied to the embedding but still a matmul
+
+
+def test_a_padded_vocabulary_decodes_its_filler_tokens_and_encodes_text_as_before():
+    from grpocli.models.tokenizer import build_char_tokenizer
+
+    plain, padded = build_char_tokenizer(), build_char_tokenizer(vocab_size=512)
+    assert (len(plain), len(padded)) == (104, 512)
+    assert padded.decode([300, 40, 511]) == "<t300>" + plain.decode([40]) + "<t511>"
+    assert padded.encode("What is <t300>?") == plain.encode("What is <t300>?")  # no merges: never a filler
+
+
+def test_a_group_counts_its_prompt_once_and_attention_over_earlier_positions():
+    shape = ModelShape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=16, vocab_size=10)
+    grp = GroupTokens(prompt=3, completions=[2, 1])
+    assert grp.tokens == 6
+    # prompt: 1+2+3; completion of 2: 4+5; completion of 1: 4
+    assert grp.attended == 6 + 9 + 4
+    assert passes_flops(shape, [grp], passes=3.0) == 3 * (2 * shape.matmul_weights * 6 + 4 * 2 * 8 * 19)
+    # rows that do not enter the loss do not count; a group with none is gone
+    kept = group_tokens([[1, 2, 3], [4]], [2, 1, 5, 5], keep=[True, False, False, False])
+    assert kept == [GroupTokens(3, [2])]
+
+
+def _record(step: int, generation: float, longest: int, training: float, trained: int) -> StepRecord:
+    phases = {"generation": generation, "rewards": 0.1, "logprobs": 0.0, "training": training,
+              "weight_sync": 0.0, "other": 0.1}
+    return StepRecord(step=step, seconds=sum(phases.values()), phases=phases, completion_tokens=64 * longest / 2,
+                      longest_completion=longest, mean_completion=longest / 2, trained_tokens=trained,
+                      trained_completion_tokens=trained - 100, flops={"generation": 1.0, "logprobs": 0.0,
+                                                                      "training": 1.0}, peak_memory=1)
+
+
+def test_the_forecast_scales_generation_by_the_longest_completion_and_training_by_tokens():
+    steps = [_record(1, 99.0, 40, 99.0, 1000), _record(2, 4.0, 40, 2.0, 1000), _record(3, 2.0, 20, 1.0, 500)]
+    # rates over steps 2-3 (step 1 is warm-up): 6 s / 60 tokens, 3 s / 1500 tokens; 0.2 s fixed
+    assert step_seconds(steps, 20, 500) == pytest.approx(0.1 * 20 + 0.002 * 500 + 0.2)
+    m = Measurement(steps=steps, startup_s=10.0, shape=None, parameters=1, dtype="float32", device="cpu",
+                    memory_kind="rss", evaluation_s=5.0, checkpoint_s=1.0)
+    fc = forecast(m, steps=60, max_completion_length=40, eval_every=20, save_steps=30)
+    assert (fc.evaluations, fc.checkpoints) == (3, 2)
+    assert fc.s_per_step == pytest.approx(3.2)  # at the last step's lengths, not the mean of the measured ones
+    assert fc.total_s == pytest.approx(10 + 60 * 3.2 + 3 * 5 + 2 * 1)
+    # every completion at 40 tokens (4x the last mean of 10): 4 s generation, 100 + 400 * 4 trained tokens
+    assert fc.s_per_step_at_max == pytest.approx(0.1 * 40 + 0.002 * 1700 + 0.2)
+    assert counts(10, 0, 0) == (0, 1)  # the final checkpoint is always written
+
+
+def test_the_peak_is_a_measured_rate():
+    import torch
+
+    from grpocli.benchmark.peak import matmul_peak
+
+    peak = matmul_peak("cpu", torch.float32, sizes=(64, 128), seconds=0.05)
+    assert peak.flops_per_s > 1e6 and peak.size in (64, 128)
+    assert peak.dtype == "float32" and peak.device.startswith("cpu")
+
+
+def test_an_unknown_recipe_or_steps_out_of_range_is_a_clear_error(grpo, tmp_path):
+    done = grpo("bench", "no_such_recipe")
+    assert done.returncode == 2 and "no_such_recipe" in done.stderr and "Traceback" not in done.stderr
+    done = grpo("bench", "quickstart", "--steps", "0")
+    assert done.returncode == 2 and "--steps" in done.stderr
