@@ -1,0 +1,18 @@
+"""What generation.backend = "auto" becomes: the fastest backend installed, from measurements
+(README, "Generation backends: hf, paged, vLLM"). Packages are found, not imported, so that loading
+a recipe imports neither vLLM nor torch."""
+
+from __future__ import annotations
+
+import importlib.util
+
+#: The order 'auto' tries, fastest first, as the field description says it.
+AUTO_ORDER = "'vllm' where vLLM is installed, else 'paged' (else 'hf' where a recipe sets repetition_penalty)"
+
+
+def fastest_backend(repetition_penalty: object = 1.0) -> str:
+    """'vllm' when the vllm package is installed, else 'paged' unless the recipe asks for a repetition
+    penalty (which transformers' continuous batching drops), else 'hf'."""
+    if importlib.util.find_spec("vllm") is not None:
+        return "vllm"
+    return "paged" if repetition_penalty == 1.0 else "hf"
