@@ -85,19 +85,22 @@ class PagedBackend(PromptEncoder):
         return Generated(prompt_ids=prompt_ids, completion_ids=completions, truncated=truncated)
 
     def _generate(self, prompt_ids: list[list[int]], n: int, s: Sampling, eos: list[int]) -> list[list[int]]:
-        """The generated tokens of every request, prompt-major (the prompt's own request first, then its forks).
-        All requests are queued before the generation thread starts, so the first batch, and every one after
-        it, does not depend on timing."""
+        """The generated tokens of every request, prompt-major. Sampling: one request per prompt, forked n
+        times after its prefill (transformers' num_return_sequences); greedy (which refuses forks): n
+        requests of the prompt, its cache blocks shared. All requests are queued before the generation
+        thread starts, so the batches, and the tokens, do not depend on timing."""
         from transformers.generation.continuous_batching.utils import WorkloadHints
 
+        forks = 1 if s.temperature == 0 else n
+        inputs = [p for p in prompt_ids for _ in range(n // forks)]
         hints = WorkloadHints(max_prompt_length=max(len(p) for p in prompt_ids), max_generated_length=s.max_tokens,
                               num_requests=len(prompt_ids) * n)
         manager = self.model.init_continuous_batching(
-            generation_config=self._generation_config(s, eos, n),
+            generation_config=self._generation_config(s, eos, forks),
             continuous_batching_config=_cache_config(prompt_ids, n, s.max_tokens), workload_hints=hints)
         results: dict[str, Any] = {}
         try:
-            ids = manager.add_requests(inputs=prompt_ids, max_new_tokens=s.max_tokens)
+            ids = manager.add_requests(inputs=inputs, max_new_tokens=s.max_tokens)
             manager.start()
             while len(results) < len(prompt_ids) * n:
                 out = manager.get_result(timeout=1)
@@ -108,7 +111,7 @@ class PagedBackend(PromptEncoder):
         finally:
             manager.stop(block=True)
             manager.destroy()
-        order = [rid for parent in ids for rid in (parent, *(f"{parent}__child#{i}" for i in range(n - 1)))]
+        order = [rid for parent in ids for rid in (parent, *(f"{parent}__child#{i}" for i in range(forks - 1)))]
         failed = [(rid, results[rid].error) for rid in order if rid in results and results[rid].error]
         missing = [rid for rid in order if rid not in results]
         if failed or missing:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from tiny_runs import FAST
-from turn_fixtures import chatty_model
-from turn_fixtures import recipe as tool_recipe
 
-from grpocli.generation.base import Sampling
-from grpocli.generation.hf import HFBackend
-from grpocli.generation.paged import PagedBackend
-from grpocli.models import build_char_tokenizer, build_tiny_model
-from grpocli.recipe.schema import TinyModel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # turn_fixtures, as test_fsdp_lockstep
+from turn_fixtures import chatty_model  # noqa: E402
+from turn_fixtures import recipe as tool_recipe  # noqa: E402
+
+from grpocli.generation.base import Sampling  # noqa: E402
+from grpocli.generation.hf import HFBackend  # noqa: E402
+from grpocli.generation.paged import PagedBackend  # noqa: E402
+from grpocli.models import build_char_tokenizer, build_tiny_model  # noqa: E402
+from grpocli.recipe.schema import TinyModel  # noqa: E402
 
 PROMPTS = ["<|im_start|>user\n1+2=<|im_end|>\n", "<|im_start|>user\n300+45=<|im_end|>\n", "7"]
 
@@ -49,11 +53,15 @@ def test_each_completion_stops_at_its_own_eos_and_repeats_for_a_seed(chatty):
 def test_greedy_paged_equals_greedy_hf_token_for_token():
     tok = build_char_tokenizer()
     model = build_tiny_model(TinyModel(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, 0)
+    with torch.no_grad():  # sharper logits: greedy runs that change token mid-way and differ by prompt
+        for p in model.parameters():
+            p.mul_(4) if p.dim() > 1 else None
     greedy = Sampling(max_tokens=12, top_k=1)
     paged = PagedBackend(model, tok, max_prompt_length=64).generate(PROMPTS, 2, greedy)
     hf = HFBackend(model, tok, max_prompt_length=64).generate(PROMPTS, 2, greedy)
     assert paged.prompt_ids == hf.prompt_ids
     assert paged.completion_ids == hf.completion_ids and paged.truncated == hf.truncated
+    assert len({tuple(c) for c in paged.completion_ids}) == 3 and len(set(paged.completion_ids[0])) > 2
     assert PagedBackend(model, tok, max_prompt_length=64).generate(
         PROMPTS, 2, Sampling(max_tokens=12, temperature=0.0)).completion_ids == hf.completion_ids  # do_sample off
 
@@ -69,7 +77,7 @@ def test_stop_strings_cut_the_completion_after_the_string(chatty):
     for before, after, trunc in zip(free.completion_ids, cut.completion_ids, cut.truncated):
         assert before[: len(after)] == after                    # a prefix of the same sample
         if stop in tok.decode(before):
-            assert tok.decode(after).endswith(stop) and stop not in tok.decode(after[:-1]) and not trunc
+            assert stop in tok.decode(after) and stop not in tok.decode(after[:-1]) and not trunc
 
 
 @pytest.mark.slow
