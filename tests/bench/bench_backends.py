@@ -36,7 +36,7 @@ def trial(backend: str, threads: int, a: argparse.Namespace, out: Path) -> list[
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"{backend} trial failed ({done.returncode}):\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -11,14 +12,14 @@ import torch
 from tiny_runs import FAST
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # turn_fixtures, as test_fsdp_lockstep
-from turn_fixtures import chatty_model  # noqa: E402
-from turn_fixtures import recipe as tool_recipe  # noqa: E402
+from turn_fixtures import chatty_model
+from turn_fixtures import recipe as tool_recipe
 
-from grpocli.generation.base import Sampling  # noqa: E402
-from grpocli.generation.hf import HFBackend  # noqa: E402
-from grpocli.generation.paged import PagedBackend  # noqa: E402
-from grpocli.models import build_char_tokenizer, build_tiny_model  # noqa: E402
-from grpocli.recipe.schema import TinyModel  # noqa: E402
+from grpocli.generation.base import Sampling
+from grpocli.generation.hf import HFBackend
+from grpocli.generation.paged import PagedBackend
+from grpocli.models import build_char_tokenizer, build_tiny_model
+from grpocli.recipe.schema import TinyModel
 
 PROMPTS = ["<|im_start|>user\n1+2=<|im_end|>\n", "<|im_start|>user\n300+45=<|im_end|>\n", "7"]
 
@@ -50,12 +51,18 @@ def test_each_completion_stops_at_its_own_eos_and_repeats_for_a_seed(chatty):
     assert model.training and model.config._attn_implementation == attention  # the model is as it was
 
 
-def test_greedy_paged_equals_greedy_hf_token_for_token():
+def sharp_tiny_model():
+    """The tiny model with sharper logits: greedy runs that change token mid-way and differ by prompt."""
     tok = build_char_tokenizer()
     model = build_tiny_model(TinyModel(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok, 0)
-    with torch.no_grad():  # sharper logits: greedy runs that change token mid-way and differ by prompt
+    with torch.no_grad():
         for p in model.parameters():
             p.mul_(4) if p.dim() > 1 else None
+    return model, tok
+
+
+def test_greedy_paged_equals_greedy_hf_token_for_token():
+    model, tok = sharp_tiny_model()
     greedy = Sampling(max_tokens=12, top_k=1)
     paged = PagedBackend(model, tok, max_prompt_length=64).generate(PROMPTS, 2, greedy)
     hf = HFBackend(model, tok, max_prompt_length=64).generate(PROMPTS, 2, greedy)
@@ -64,6 +71,22 @@ def test_greedy_paged_equals_greedy_hf_token_for_token():
     assert len({tuple(c) for c in paged.completion_ids}) == 3 and len(set(paged.completion_ids[0])) > 2
     assert PagedBackend(model, tok, max_prompt_length=64).generate(
         PROMPTS, 2, Sampling(max_tokens=12, temperature=0.0)).completion_ids == hf.completion_ids  # do_sample off
+
+
+def test_a_lora_policy_samples_through_its_adapters():
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = sharp_tiny_model()
+    greedy = Sampling(max_tokens=12, top_k=1)
+    base = PagedBackend(model, tok, max_prompt_length=64).generate(PROMPTS, 1, greedy).completion_ids
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))  # adapters that change the model (peft starts B at zero)
+    paged = PagedBackend(lora, tok, max_prompt_length=64).generate(PROMPTS, 1, greedy).completion_ids
+    assert paged == HFBackend(lora, tok, max_prompt_length=64).generate(PROMPTS, 1, greedy).completion_ids
+    assert paged != base
 
 
 def test_stop_strings_cut_the_completion_after_the_string(chatty):
@@ -91,7 +114,7 @@ def test_two_steps_with_paged_train_and_change_the_weights(grpo, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert all(v == v and abs(v) != float("inf") for v in r.values() if isinstance(v, float)), r
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float)), r
         assert r["time/generation"] > 0 and r["completions/mean_length"] > 0
     assert 'backend = "paged"' in (out / "config.resolved.toml").read_text()
     tok = build_char_tokenizer()
@@ -107,3 +130,16 @@ def test_a_repetition_penalty_with_paged_is_refused_naming_the_key(grpo, tmp_pat
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "generation.repetition_penalty" in result.stderr and "'paged'" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_auto_is_vllm_where_installed_else_paged_unless_a_repetition_penalty_asks_for_hf():
+    from importlib.util import find_spec
+
+    from grpocli.recipe import load_recipe
+
+    def auto(*overrides: str) -> str:
+        return load_recipe(None, ["generation.backend=auto", *overrides]).recipe.generation.backend
+
+    vllm = find_spec("vllm") is not None
+    assert auto() == ("vllm" if vllm else "paged")
+    assert auto("generation.repetition_penalty=1.1") == ("vllm" if vllm else "hf")
