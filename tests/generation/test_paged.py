@@ -103,6 +103,20 @@ def test_stop_strings_cut_the_completion_after_the_string(chatty):
             assert stop in tok.decode(after) and stop not in tok.decode(after[:-1]) and not trunc
 
 
+def test_multi_turn_rollouts_generate_their_turns_with_paged(chatty):
+    from turn_fixtures import ROWS, SAMPLING, echo_loop, runs
+
+    model, tok = chatty
+    r = tool_recipe()
+    torch.manual_seed(0)
+    backend = PagedBackend(model, tok, max_prompt_length=r.data.max_prompt_length)
+    conv = echo_loop(r, tok).sample(backend, ROWS, r.generation.num_generations, SAMPLING)
+    assert max(sum(m["role"] == "assistant" for m in msgs) for msgs in conv.messages) >= 2
+    for ids, mask in zip(conv.generated.completion_ids, conv.completion_mask):
+        assert len(mask) == len(ids) <= SAMPLING.max_tokens
+        assert all(ids[start - 1] == tok.eos_token_id for value, start, _ in runs(mask) if value == 0)  # after a turn
+
+
 @pytest.mark.slow
 def test_two_steps_with_paged_train_and_change_the_weights(grpo, tmp_path):
     from safetensors.torch import load_file
