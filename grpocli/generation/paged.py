@@ -13,10 +13,13 @@ completion is cut after the first token whose text completes one, not truncated,
 sequence itself runs on to EOS or max_tokens, so the tokens after it cost time but are dropped).
 What is not: repetition_penalty (transformers' continuous batching drops that processor: the recipe
 is refused), collective forwards (FSDP2, ZeRO-3: refused), engine log-probs (none, as 'hf').
-Seeds: each call seeds transformers' sampler from torch's global generator (which the run seeds with
-train.seed + rank), and every request is queued before the loop starts, so that the batches, hence
-the tokens, repeat for the same seed, machine and thread count; the samples differ from 'hf''s for
-the same seed (another random stream), greedy decoding agrees with it token for token.
+Temperature 0 is greedy (vLLM's convention; recipes ask for at least MIN_TEMPERATURE).
+Seeds: each call, transformers draws its sampler's seed from torch's global generator (which the run
+seeds with train.seed + rank) and reseeds that generator with it; every request is queued before the
+loop starts, so that the batches, hence the tokens, repeat for the same seed, machine and thread
+count. The samples differ from those of 'hf' for the same seed (another random stream); greedy
+decoding agrees with it token for token. The cache is sized to hold every sequence of a call whole
+(no eviction), not from free memory.
 """
 
 from __future__ import annotations
