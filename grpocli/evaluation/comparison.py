@@ -161,7 +161,7 @@ def _open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tupl
     from grpocli.models import load_tokenizer
 
     tokenizer = load_tokenizer(model.section)
-    device = "cuda" if torch.cuda.is_available() and r.generation.backend == "hf" else None
+    device = "cuda" if torch.cuda.is_available() and r.generation.backend in ("hf", "paged") else None
     policy = open_model(model, device=device)
     longest = max(r.generation.max_completion_length, sampling.max_tokens)
     r = r.model_copy(update={"generation": r.generation.model_copy(update={"max_completion_length": longest})})

@@ -23,6 +23,13 @@ def hf_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, paralle
     return HFBackend(model, tokenizer, max_prompt_length=recipe.data.max_prompt_length, parallel=parallel)
 
 
+def paged_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None) -> Any:
+    """transformers' continuous batching (paged attention) on the model itself (weights are always current)."""
+    from grpocli.generation.paged import PagedBackend
+
+    return PagedBackend(model, tokenizer, max_prompt_length=recipe.data.max_prompt_length, parallel=parallel)
+
+
 def vllm_colocated_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None) -> Any:
     """A vLLM engine in this process, built from the model's weights and reloaded in place."""
     from grpocli.generation.vllm_colocate import VllmColocateBackend
@@ -44,6 +51,7 @@ def vllm_server_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int
 #: generation.backend -> factory(model, tokenizer, recipe, *, seed, parallel) -> backend.
 BACKENDS: dict[str, Callable[..., Any]] = {
     "hf": hf_backend,
+    "paged": paged_backend,
     "vllm": vllm_colocated_backend,
     "vllm-server": vllm_server_backend,
 }

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from grpocli.recipe.algorithm_section import AlgorithmSection
+from grpocli.recipe.backend_choice import AUTO_ORDER, fastest_backend
 from grpocli.recipe.bounds import (
     MAX_ABS_REWARD_WEIGHT,
     MAX_COMPLETIONS_PER_BATCH,
@@ -179,24 +180,15 @@ class RewardSpec(Section):
 
 
 class GenerationSection(Section):
-    backend: Literal["hf", "vllm", "vllm-server", "auto"] = Field(
+    backend: Literal["hf", "paged", "vllm", "vllm-server", "auto"] = Field(
         "hf",
-        description="'hf': transformers generate; 'vllm': an engine in the training process; "
-        "'vllm-server': a `grpo vllm-serve` process; 'auto': 'vllm' where vLLM is installed, else "
-        "'hf' (decided when the recipe loads; config.resolved.toml records which).",
+        description="'hf': transformers generate; 'paged': transformers' continuous batching (paged attention, "
+        "each sequence leaves the batch at its own EOS; no repetition_penalty); 'vllm': an engine in the "
+        "training process; 'vllm-server': a `grpo vllm-serve` process; 'auto': the fastest installed, "
+        f"{AUTO_ORDER} (decided when the recipe loads; config.resolved.toml records which).",
         json_schema_extra=FREE_ON_RESUME,
     )
     num_generations: int = Field(8, ge=2, le=1024, description="Completions per prompt (G).")
-
-    @field_validator("backend")
-    @classmethod
-    def _auto_backend(cls, value: str) -> str:
-        """'auto' -> 'vllm' when the vllm package is installed (found, not imported), else 'hf'."""
-        if value != "auto":
-            return value
-        import importlib.util
-
-        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     max_completion_length: int = Field(64, ge=1, le=131072, description="Longest completion in tokens.")
     temperature: float = Field(
         1.0, ge=MIN_TEMPERATURE, le=10.0,
@@ -213,6 +205,24 @@ class GenerationSection(Section):
     async_steps: int = Field(
         0, ge=0, le=16, description="Generate this many steps ahead while training (0: on-policy)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_backend(cls, data: Any) -> Any:
+        """'auto' -> the fastest backend installed for this recipe (grpocli.recipe.backend_choice)."""
+        if isinstance(data, dict) and data.get("backend") == "auto":
+            data = {**data, "backend": fastest_backend(data.get("repetition_penalty", 1.0))}
+        return data
+
+    @model_validator(mode="after")
+    def _paged_samples(self) -> GenerationSection:
+        if self.backend == "paged" and self.repetition_penalty != 1.0:
+            raise ValueError(
+                f"generation.repetition_penalty = {self.repetition_penalty} with backend 'paged': transformers' "
+                "continuous batching drops the repetition penalty; valid: repetition_penalty = 1.0 with 'paged', "
+                "any value with 'hf', 'vllm' or 'vllm-server' (set generation.backend = \"hf\")"
+            )
+        return self
 
 
 class TrainSection(Section):

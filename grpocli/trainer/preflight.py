@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from grpocli.tools.toolbox import Toolbox
 
 
+#: Backends that generate with the training model itself: no engine of their own, no engine log-probs.
+ON_THE_POLICY = ("hf", "paged")
+
+
 @dataclass
 class Checked:
     plugins: Plugins
@@ -140,11 +144,19 @@ def _check_combinations(recipe: Recipe) -> None:
 
     g, t = recipe.generation, recipe.train
     check_sleep_mode(recipe.vllm.sleep_mode, backend=g.backend, async_steps=g.async_steps)  # vLLM's platform
-    if g.async_steps and g.backend == "hf":
+    if g.async_steps and g.backend in ON_THE_POLICY:
         raise UserError(
             "generation.async_steps > 0 needs a generation engine apart from the training model",
-            where="generation.async_steps", valid="0 with backend 'hf'; any value with 'vllm' or 'vllm-server'",
+            where="generation.async_steps",
+            valid=f"0 with backend {' or '.join(map(repr, ON_THE_POLICY))}; any value with 'vllm' or 'vllm-server'",
             hint="set generation.backend = \"vllm\" (or \"vllm-server\"), or generation.async_steps = 0",
+        )
+    if g.backend == "paged" and t.sharding == "fsdp2":
+        raise UserError(
+            "generation.backend = \"paged\" cannot generate with a sharded policy: each forward pass of an FSDP2 "
+            "policy is a collective that transformers' continuous batching does not keep in step across processes",
+            where="generation.backend", valid="'paged' with train.sharding = 'none'; 'hf', 'vllm' or 'vllm-server' "
+            "with 'fsdp2'", hint="set generation.backend = \"hf\" (or \"vllm\"), or train.sharding = \"none\"",
         )
     if g.async_steps and (recipe.algorithm.fill_batch or t.curriculum):
         raise UserError(
@@ -201,7 +213,7 @@ def _check_loss_combinations(recipe: Recipe) -> None:
                 f"algorithm.{key} bounds the clipped surrogate, which loss = {a.loss!r} does not use",
                 where=f"algorithm.{key}", valid=f"a value with loss {clipped}; none otherwise",
                 hint=f"remove algorithm.{key}, or pick one of those losses")
-    engine_weights = v.importance_sampling_correction and recipe.generation.backend != "hf"
+    engine_weights = v.importance_sampling_correction and recipe.generation.backend not in ON_THE_POLICY
     if loss.token_level_only and engine_weights and IMPORTANCE_SAMPLING_MODES[v.importance_sampling_mode].per_sequence:
         token_modes = names(IMPORTANCE_SAMPLING_MODES, where=lambda e: not e.per_sequence)
         raise UserError(
