@@ -239,7 +239,7 @@ def generation_phase(shape: ModelShape, s: Settings) -> Phase:
     """Generation: the trainer's resident memory beside the engine (or the hf backend's KV cache)."""
     parts = resident(shape, s, training=False, generating=True)
     if s.generation_bytes:
-        parts.append(("generation KV cache and logits (hf)", s.generation_bytes))
+        parts.append(("generation KV cache and logits (hf or paged)", s.generation_bytes))
     return Phase("generation", tuple(parts))
 
 

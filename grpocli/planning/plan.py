@@ -105,7 +105,7 @@ def settings_of(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, sha
         micro_batches=math.ceil(per_process / train_rows) if per_process else 1,
         train=tokens_of(r, shape, train_rows), logprob=tokens_of(r, shape, min(logprob_rows, max(per_process, 1))),
         entropy_grad=a.entropy_coef > 0, engine_bytes=engine, engine_sleeps=int(getattr(r.vllm, "sleep_mode", 0)) > 0,
-        generation_bytes=_hf_generation(r, shape, compute, per_process) if backend == "hf" else 0,
+        generation_bytes=_hf_generation(r, shape, compute, per_process) if backend in ("hf", "paged") else 0,
     )
 
 
@@ -133,11 +133,13 @@ def tokens_of(r: Recipe, shape: ModelShape, n: int) -> Tokens:
 
 
 def _hf_generation(r: Recipe, shape: ModelShape, compute: int, per_process: int) -> int:
-    """transformers' generate, HF_BATCH completions a call (whole groups, at least one): the KV cache
-    and one step's float32 logits."""
+    """transformers' generate, HF_BATCH completions a call (whole groups, at least one), or, for
+    'paged', every completion of the generation batch at once (its cache is sized to hold them all,
+    grpocli.generation.paged): the KV cache and one step's float32 logits."""
     length = r.data.max_prompt_length + r.generation.max_completion_length
     g = r.generation.num_generations
-    batch = min(max(1, HF_BATCH // g) * g, per_process * r.train.steps_per_generation)
+    every = per_process * r.train.steps_per_generation
+    batch = every if r.generation.backend == "paged" else min(max(1, HF_BATCH // g) * g, every)
     kv = batch * length * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * compute
     return kv + batch * shape.vocab_size * F32
 

@@ -137,3 +137,13 @@ def test_memory_check_does_nothing_off_cuda(tmp_path):
 
     r = load_recipe("quickstart", ["model.name_or_path=/nowhere", "train.memory_check=true"]).recipe
     _check_memory(r, Parallel.alone())  # a CPU: no plan, so not even the missing model is looked at
+
+
+def test_the_paged_backend_holds_the_cache_of_every_completion_of_a_call(tmp_path):
+    """'hf' generates 64 completions a call; 'paged' sizes its cache for the whole generation batch."""
+    config = _config(tmp_path, "q05", QWEN25_05B)
+    run = ["train.prompts_per_step=32", "generation.num_generations=8"]  # 256 completions a call
+    hf = _plan([*run, "generation.backend=hf"], config).phases[0]
+    paged = _plan([*run, "generation.backend=paged"], config).phases[0]
+    cache = "generation KV cache and logits (hf or paged)"
+    assert paged.get(cache) == pytest.approx(4 * hf.get(cache), rel=1e-6)
