@@ -123,6 +123,27 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
 }
 
 
+#: TRL 1.16's defaults that `grpo import trl` writes out when a config leaves them unset: each
+#: differs from grpo's default, or feeds the batch arithmetic (tests check them against GRPOConfig).
+TRL_DEFAULTS: dict[str, object] = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 8,
+    "max_steps": -1,
+    "lr_scheduler_type": "linear",
+    "gradient_checkpointing": True,
+    "max_completion_length": 512,
+    "seed": 42,
+    "bf16": None,  # GRPOConfig: None means True unless fp16 is set
+    "model_init_kwargs": None,  # transformers 5 then infers the dtype ('auto')
+    "save_steps": 500,
+    "epsilon": 0.2,
+    "use_bias_correction_kl": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
+}
+
+
 def lookup(name: str) -> dict[str, tuple[str | None, str]]:
     """The entries whose TRL name contains ``name`` (case-insensitive), exact match first."""
     needle = name.lower()
