@@ -3,8 +3,10 @@
 
 A Python file is executed in this process (no subprocess), in a fresh namespace whose
 ``__name__`` is not ``"__main__"``, so a ``if __name__ == "__main__":`` block that starts training
-does not run. It is code: import only files you would run. The one GRPOConfig instance it leaves
-at module level is the config; its fields that differ from GRPOConfig's defaults are read.
+does not run. It is code: import only files you would run. While it runs, GRPOConfig (from trl,
+trl.trainer or trl.trainer.grpo_config) records the arguments it is built with instead of building
+(TrainingArguments' device checks would refuse TRL's bf16 default on a machine without a GPU);
+the file must build exactly one.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from grpocli.errors import UserError
 
 HINT = "grpo import trl CONFIG.yaml -o recipe.toml"
 VALID = "a YAML or JSON file of GRPOConfig fields (as `trl grpo --config` takes), or a .py file that builds a GRPOConfig"
-#: Fields GRPOConfig.__post_init__ derives from others; a built config's values are not the user's.
-DERIVED = ("generation_batch_size",)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -49,33 +49,38 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 def _from_python(path: Path) -> dict[str, Any]:
     try:
-        from trl import GRPOConfig
+        import trl
+        import trl.trainer
+        import trl.trainer.grpo_config as grpo_config
     except ImportError:
         raise UserError(f"reading {path} needs TRL (it builds a GRPOConfig)", valid=VALID,
                         hint="pip install trl, or write the fields as YAML") from None
+    real = grpo_config.GRPOConfig
+    order = [f.name for f in dataclasses.fields(real) if f.init]
+    built: list[dict[str, Any]] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Stands in for GRPOConfig while the file runs: keeps the arguments it is built with (so no
+        device check of TrainingArguments refuses bf16 on a machine without a GPU)."""
+        fields = {**dict(zip(order, args)), **kwargs}
+        built.append(fields)
+        return fields
+
     namespace: dict[str, Any] = {"__name__": "__grpo_import__", "__file__": str(path)}
+    homes = (trl, trl.trainer, grpo_config)
+    for home in homes:
+        setattr(home, "GRPOConfig", recorded)
     try:
         exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # noqa: S102 - the user's file
     except SystemExit as exc:
         raise UserError(f"{path} called sys.exit({exc.code}) while it was read", valid=VALID, hint=HINT) from None
     except Exception as exc:
         raise UserError(f"{path} raised {type(exc).__name__}: {exc}", valid=VALID, hint=HINT) from None
-    configs = [(name, v) for name, v in namespace.items() if isinstance(v, GRPOConfig)]
-    if len(configs) != 1:
-        found = ", ".join(name for name, _ in configs) or "none"
-        raise UserError(f"{path} must leave exactly one GRPOConfig at module level; found {found}",
-                        valid=VALID, hint="assign it to a name, e.g. `args = GRPOConfig(...)`")
-    config = configs[0][1]
-    # `config` ran __post_init__ (in one process): compare with a default config built the same way.
-    default = GRPOConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                            if f.name in ("output_dir",)})
-    fields = {}
-    for f in dataclasses.fields(config):
-        if f.name in DERIVED or not f.init:
-            continue
-        value, base = getattr(config, f.name), getattr(default, f.name)
-        if value != base:
-            fields[f.name] = value
-    if fields.get("steps_per_generation") == config.gradient_accumulation_steps:
-        fields.pop("steps_per_generation")  # what __post_init__ derives when it is unset
-    return fields
+    finally:
+        for home in homes:
+            setattr(home, "GRPOConfig", real)
+    if len(built) != 1:
+        raise UserError(f"{path} built {len(built)} GRPOConfig objects when it ran; `grpo import trl` reads one",
+                        valid="a file that builds one GRPOConfig at import (outside `if __name__ == \"__main__\"`)",
+                        hint="move `args = GRPOConfig(...)` to module level, or write its fields as YAML")
+    return built[0]
