@@ -24,7 +24,10 @@ Examples:
   grpo import trl train_grpo.py -o recipe.toml --num-processes 8
 """
 
-imports = typer.Typer(help="Write a recipe from another trainer's config.", no_args_is_help=True)
+imports = typer.Typer(
+    help="Write a recipe from another trainer's config.\n\nExample: grpo import trl grpo_config.yaml -o recipe.toml",
+    no_args_is_help=True,
+)
 
 
 def add_to(app: typer.Typer) -> None:
@@ -33,7 +36,8 @@ def add_to(app: typer.Typer) -> None:
 
 @imports.command("trl", help=HELP, no_args_is_help=True)
 def trl(
-    config: str = typer.Argument(..., help="A TRL GRPOConfig: .yaml/.yml/.json of its fields, or a .py that builds one."),
+    config: str = typer.Argument(
+        ..., help="A TRL GRPOConfig: .yaml/.yml/.json of its fields, or a .py that builds one."),
     output: str = typer.Option(..., "-o", "--output", help="The recipe to write (.toml)."),
     num_processes: int = typer.Option(1, "--num-processes", min=1, max=1024,
                                       help="TRL's world size (accelerate's --num_processes): the batch counts it."),

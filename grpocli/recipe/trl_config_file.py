@@ -19,7 +19,8 @@ from typing import Any
 from grpocli.errors import UserError
 
 HINT = "grpo import trl CONFIG.yaml -o recipe.toml"
-VALID = "a YAML or JSON file of GRPOConfig fields (as `trl grpo --config` takes), or a .py file that builds a GRPOConfig"
+VALID = ("a YAML or JSON file of GRPOConfig fields (as `trl grpo --config` takes), or a .py file that builds a "
+         "GRPOConfig")
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
             import yaml
 
             data = yaml.safe_load(text)
-    except Exception as exc:  # yaml.YAMLError, json.JSONDecodeError: both say line and column
+    except Exception as exc:  # noqa: BLE001 - yaml.YAMLError, json.JSONDecodeError: both say line and column
         raise UserError(f"{path} does not parse: {exc}", valid=VALID, hint=HINT) from None
     if data is None:
         data = {}
@@ -51,7 +52,7 @@ def _from_python(path: Path) -> dict[str, Any]:
     try:
         import trl
         import trl.trainer
-        import trl.trainer.grpo_config as grpo_config
+        from trl.trainer import grpo_config
     except ImportError:
         raise UserError(f"reading {path} needs TRL (it builds a GRPOConfig)", valid=VALID,
                         hint="pip install trl, or write the fields as YAML") from None
@@ -69,16 +70,16 @@ def _from_python(path: Path) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "__grpo_import__", "__file__": str(path)}
     homes = (trl, trl.trainer, grpo_config)
     for home in homes:
-        setattr(home, "GRPOConfig", recorded)
+        home.GRPOConfig = recorded
     try:
         exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # noqa: S102 - the user's file
     except SystemExit as exc:
         raise UserError(f"{path} called sys.exit({exc.code}) while it was read", valid=VALID, hint=HINT) from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises is said, not a traceback
         raise UserError(f"{path} raised {type(exc).__name__}: {exc}", valid=VALID, hint=HINT) from None
     finally:
         for home in homes:
-            setattr(home, "GRPOConfig", real)
+            home.GRPOConfig = real
     if len(built) != 1:
         raise UserError(f"{path} built {len(built)} GRPOConfig objects when it ran; `grpo import trl` reads one",
                         valid="a file that builds one GRPOConfig at import (outside `if __name__ == \"__main__\"`)",

@@ -83,7 +83,10 @@ def convert(fields: dict[str, Any], num_processes: int = 1) -> tuple[dict[str, A
         _field(b, name, value, merged)
         if name not in user:  # a TRL default grpo's differs from: mark what was written as such
             b.lines[before:] = [Line(ln.name, "default", f"TRL's default, {ln.text}")
-                                for ln in b.lines[before:] if ln.kind != "ignored"]
+                                if ln.kind in ("mapped", "converted") else ln for ln in b.lines[before:]]
+        elif len(b.lines) == before:  # every field of the config gets its line
+            b.say(name, "mapped", f"{_show(value)}: nothing to write (grpo's default does the same, or the "
+                  "field is unused with the others)")
     for key, value in CONVENTIONS.items():
         b.put("TRL's conventions", "default", key, value, "README: TRL's conventions")
     _rewards(b, merged)

@@ -11,7 +11,8 @@ from __future__ import annotations
 TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     # --- TrainingArguments that a GRPO run sets ---
     "output_dir": ("train.output_dir", ""),
-    "max_steps": ("train.steps", "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
+    "max_steps": ("train.steps",
+                  "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
     "num_train_epochs": (None, "grpo counts optimizer steps (train.steps); epochs are logged"),
     "learning_rate": ("train.learning_rate", ""),
     "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup; TRL's default linear; "
@@ -115,7 +116,8 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "mask_truncated_completions": ("algorithm.mask_truncated_completions", "with algorithm.truncated_rows = 'count' as TRL"),
     "sync_ref_model": ("algorithm.ref_sync_steps", "on when ref_sync_steps > 0"),
     "ref_model_mixup_alpha": ("algorithm.ref_sync_alpha", "TRL's default 0.6; grpo's 1.0"),
-    "ref_model_sync_steps": ("algorithm.ref_sync_steps", "TRL's default 512 (used with sync_ref_model); grpo's 0 (off)"),
+    "ref_model_sync_steps": ("algorithm.ref_sync_steps",
+                             "TRL's default 512 (used with sync_ref_model); grpo's 0 (off)"),
     "top_entropy_quantile": ("algorithm.top_entropy_quantile", ""),
     "entropy_coef": ("algorithm.entropy_coef", ""),
     "use_adaptive_entropy": (None, "adaptive entropy control (Skywork-OR1): not supported"),

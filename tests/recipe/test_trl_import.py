@@ -125,7 +125,7 @@ def _written(fields, nproc=1):
 
 
 def test_batch_arithmetic_in_grpo_units():
-    recipe, by_name, lines = _written({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
+    recipe, _, lines = _written({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4,
                                        "num_generations": 8, "steps_per_generation": 8}, nproc=2)
     assert recipe["train"]["prompts_per_step"] == 4 * 4 * 2 // 8
     assert recipe["train"]["micro_batch_size"] == 4 and recipe["train"]["num_processes"] == 2
