@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from grpocli.errors import UserError
+from grpocli.recipe.schema import TrainSection
 from grpocli.recipe.trl_names import TRL_DEFAULTS, TRL_FIELDS
 
 #: TRL's conventions, which grpo's defaults differ from (README "TRL's conventions").
@@ -41,7 +42,7 @@ SCRIPT_FIELDS = {
 TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
 BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
          "generation_batch_size", "num_generations")
-SCHEDULERS = ("constant", "linear", "cosine", "constant_with_warmup")
+SCHEDULERS = get_args(TrainSection.model_fields["lr_scheduler"].annotation)
 HINT = "grpo inspect fields --trl NAME"
 
 
