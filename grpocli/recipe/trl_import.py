@@ -39,7 +39,10 @@ SCRIPT_FIELDS = {
     "dataset_test_split": "data.eval_split",
 }
 #: trl grpo's reward_funcs registry names -> their functions in trl.rewards.
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+#: trl grpo's registry entry that is a factory's product: get_soft_overlong_punishment(1280, 256).
+TRL_FACTORY_REWARDS = {"get_soft_overlong_punishment": "max_completion_len=1280, soft_punish_cache=256"}
+REWARD_FIELDS = ("reward_funcs", "reward_weights", "reward_model_name_or_path")
 BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
          "generation_batch_size", "num_generations")
 SCHEDULERS = get_args(TrainSection.model_fields["lr_scheduler"].annotation)
@@ -85,7 +88,7 @@ def convert(fields: dict[str, Any], num_processes: int = 1) -> tuple[dict[str, A
         if name not in user:  # a TRL default grpo's differs from: mark what was written as such
             b.lines[before:] = [Line(ln.name, "default", f"TRL's default, {ln.text}")
                                 if ln.kind in ("mapped", "converted") else ln for ln in b.lines[before:]]
-        elif len(b.lines) == before:  # every field of the config gets its line
+        elif len(b.lines) == before and name not in REWARD_FIELDS:  # every field of the config gets its line
             b.say(name, "mapped", f"{_show(value)}: nothing to write (grpo's default does the same, or the "
                   "field is unused with the others)")
     for key, value in CONVENTIONS.items():
@@ -146,7 +149,7 @@ def _field(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
     elif name in SCRIPT_FIELDS:
         if value is not None:
             b.put(name, "mapped", SCRIPT_FIELDS[name], value)
-    elif name in ("reward_funcs", "reward_weights", "reward_model_name_or_path"):
+    elif name in REWARD_FIELDS:
         return  # _rewards
     elif name not in TRL_FIELDS:
         b.say(name, "ignored", "not a GRPOConfig field of TRL 1.16 nor a `trl grpo` script argument grpo reads")
@@ -288,8 +291,14 @@ _SPECIAL = {
 
 
 def _rewards(b: _Build, f: dict[str, Any]) -> None:
-    names = [("trl.rewards:" + n) if n in TRL_REWARDS else ":".join(n.rsplit(".", 1)) if "." in n else n
-             for n in f.get("reward_funcs") or []]
+    names = []
+    for n in f.get("reward_funcs") or []:
+        if n in TRL_FACTORY_REWARDS:
+            b.say("reward_funcs", "unsupported", f"{n!r} is trl grpo's {n}({TRL_FACTORY_REWARDS[n]}), a function "
+                  "that builds the reward: write a module with `reward = " + f"{n}({TRL_FACTORY_REWARDS[n]})` and "
+                  "name it in [[rewards]] name = \"module:reward\"")
+            continue
+        names.append(("trl.rewards:" + n) if n in TRL_REWARDS else ":".join(n.rsplit(".", 1)) if "." in n else n)
     if f.get("reward_model_name_or_path"):
         names.insert(0, f["reward_model_name_or_path"])
     weights = f.get("reward_weights")
