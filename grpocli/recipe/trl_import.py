@@ -291,26 +291,28 @@ _SPECIAL = {
 
 
 def _rewards(b: _Build, f: dict[str, Any]) -> None:
-    names = []
-    for n in f.get("reward_funcs") or []:
+    """[[rewards]] from reward_model_name_or_path and reward_funcs (trl grpo's order), with reward_weights."""
+    given = ([f["reward_model_name_or_path"]] if f.get("reward_model_name_or_path") else []) + list(
+        f.get("reward_funcs") or [])
+    weights = f.get("reward_weights")
+    if weights and len(weights) != len(given):
+        b.say("reward_weights", "unsupported", f"{len(weights)} weights for {len(given)} rewards: set weight on "
+              "each [[rewards]] entry")
+        weights = None
+    entries = []
+    for i, n in enumerate(given):
         if n in TRL_FACTORY_REWARDS:
             b.say("reward_funcs", "unsupported", f"{n!r} is trl grpo's {n}({TRL_FACTORY_REWARDS[n]}), a function "
                   "that builds the reward: write a module with `reward = " + f"{n}({TRL_FACTORY_REWARDS[n]})` and "
                   "name it in [[rewards]] name = \"module:reward\"")
             continue
-        names.append(("trl.rewards:" + n) if n in TRL_REWARDS else ":".join(n.rsplit(".", 1)) if "." in n else n)
-    if f.get("reward_model_name_or_path"):
-        names.insert(0, f["reward_model_name_or_path"])
-    weights = f.get("reward_weights")
-    if weights and len(weights) != len(names):
-        b.say("reward_weights", "unsupported", f"{len(weights)} weights for {len(names)} reward_funcs: set "
-              "weight on each [[rewards]] entry")
-        weights = None
-    entries = [{"name": n, **({"weight": w} if weights else {})} for n, w in zip(names, weights or [None] * len(names))]
+        name = ("trl.rewards:" + n) if n in TRL_REWARDS else ":".join(n.rsplit(".", 1)) if "." in n and (
+            i or not f.get("reward_model_name_or_path")) else n
+        entries.append({"name": name, **({"weight": weights[i]} if weights else {})})
     if entries:
         b.keys["rewards"] = entries
-        b.say("reward_funcs", "mapped", f"[[rewards]] name = {', '.join(repr(n) for n in names)}"
-              + (f" with weight = {weights}" if weights else ""))
+        b.say("reward_funcs", "mapped", "[[rewards]] " + "; ".join(
+            f"name = {e['name']!r}" + (f", weight = {e['weight']}" if "weight" in e else "") for e in entries))
     else:
         b.say("reward_funcs", "unsupported", "the config names no reward function: add [[rewards]] name = "
               "\"module:function\" (or \"file.py:function\") to the recipe")
