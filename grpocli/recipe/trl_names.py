@@ -11,32 +11,41 @@ from __future__ import annotations
 TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     # --- TrainingArguments that a GRPO run sets ---
     "output_dir": ("train.output_dir", ""),
-    "max_steps": ("train.steps", "optimizer steps"),
+    "max_steps": ("train.steps",
+                  "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
     "num_train_epochs": (None, "grpo counts optimizer steps (train.steps); epochs are logged"),
     "learning_rate": ("train.learning_rate", ""),
-    "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup"),
-    "warmup_steps": ("train.warmup_steps", ""),
+    "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup; TRL's default linear; "
+                          "grpo's constant"),
+    "warmup_steps": ("train.warmup_steps", "unit: TRL's value below 1 is a ratio of max_steps (grpo import trl writes "
+                     "ceil(max_steps x ratio)); grpo's counts steps"),
     "warmup_ratio": (None, "use train.warmup_steps"),
     "weight_decay": ("train.weight_decay", ""),
     "adam_beta1": ("train.adam_beta1", ""),
     "adam_beta2": ("train.adam_beta2", ""),
     "max_grad_norm": ("train.max_grad_norm", ""),
-    "seed": ("train.seed", ""),
-    "bf16": ("train.mixed_precision", "'bf16'"),
+    "seed": ("train.seed", "TRL's default 42; grpo's 0"),
+    "bf16": ("train.mixed_precision", "'bf16'; TRL's default true (unless fp16); grpo's 'no'"),
     "fp16": ("train.mixed_precision", "'fp16'"),
-    "gradient_checkpointing": ("model.gradient_checkpointing", ""),
-    "per_device_train_batch_size": ("train.micro_batch_size", "completions per forward/backward"),
+    "gradient_checkpointing": ("model.gradient_checkpointing", "TRL's default true; grpo's false"),
+    "per_device_train_batch_size": ("train.micro_batch_size",
+                                    "completions per forward/backward; unit: TRL's step is this x "
+                                    "gradient_accumulation_steps x processes completions, grpo's step "
+                                    "train.prompts_per_step prompts (see gradient_accumulation_steps)"),
     "gradient_accumulation_steps": ("train.prompts_per_step",
-                                    "grpo sets the batch in prompts: prompts_per_step x num_generations "
-                                    "completions per optimizer step, split into micro-batches"),
-    "save_steps": ("train.save_steps", ""),
+                                    "unit: grpo sets the batch in prompts: prompts_per_step = "
+                                    "per_device_train_batch_size x gradient_accumulation_steps x processes / "
+                                    "num_generations, split into micro-batches; TRL's defaults make 1 prompt a "
+                                    "step (8 x 1 / 8); grpo's 8"),
+    "save_steps": ("train.save_steps", "TRL's default 500; grpo's 0 (at the end only)"),
     "save_total_limit": ("train.save_total_limit", ""),
     "logging_steps": (None, "every step is logged to metrics.jsonl"),
     "report_to": ("log.report_to", ""),
     "eval_steps": ("eval.every", ""),
     "resume_from_checkpoint": ("train.resume", ""),
     # --- GRPOConfig: model and data ---
-    "model_init_kwargs": ("model.dtype", "dtype and attn_implementation are keys of [model]"),
+    "model_init_kwargs": ("model.dtype", "dtype and attn_implementation are keys of [model]; TRL's default dtype "
+                          "'auto' (transformers 5); grpo's float32"),
     "trust_remote_code": ("model.trust_remote_code", ""),
     "router_aux_loss_coef": (None, "MoE auxiliary loss: not supported"),
     "disable_dropout": (None, "not supported"),
@@ -47,10 +56,14 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     # --- GRPOConfig: generation ---
     "num_generations": ("generation.num_generations", "G"),
     "num_generations_eval": ("eval.n", ""),
-    "max_completion_length": ("generation.max_completion_length", ""),
+    "max_completion_length": ("generation.max_completion_length", "TRL's default 512; grpo's 64"),
     "generation_batch_size": ("train.steps_per_generation",
-                              "generation batch = prompts_per_step x steps_per_generation prompts"),
-    "steps_per_generation": ("train.steps_per_generation", ""),
+                              "unit: TRL counts completions, grpo optimizer steps: steps_per_generation = "
+                              "generation_batch_size / (per_device_train_batch_size x gradient_accumulation_steps "
+                              "x processes)"),
+    "steps_per_generation": ("train.steps_per_generation",
+                             "unit: TRL counts micro-batches, grpo optimizer steps: grpo's = TRL's / "
+                             "gradient_accumulation_steps; TRL's default gradient_accumulation_steps (= grpo's 1)"),
     "temperature": ("generation.temperature", ""),
     "top_p": ("generation.top_p", ""),
     "top_k": ("generation.top_k", ""),
@@ -103,7 +116,8 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "mask_truncated_completions": ("algorithm.mask_truncated_completions", "with algorithm.truncated_rows = 'count' as TRL"),
     "sync_ref_model": ("algorithm.ref_sync_steps", "on when ref_sync_steps > 0"),
     "ref_model_mixup_alpha": ("algorithm.ref_sync_alpha", "TRL's default 0.6; grpo's 1.0"),
-    "ref_model_sync_steps": ("algorithm.ref_sync_steps", ""),
+    "ref_model_sync_steps": ("algorithm.ref_sync_steps",
+                             "TRL's default 512 (used with sync_ref_model); grpo's 0 (off)"),
     "top_entropy_quantile": ("algorithm.top_entropy_quantile", ""),
     "entropy_coef": ("algorithm.entropy_coef", ""),
     "use_adaptive_entropy": (None, "adaptive entropy control (Skywork-OR1): not supported"),
@@ -115,12 +129,39 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "off_policy_mask_threshold": (None, "off-policy sequence masking: not supported"),
     "use_bias_correction_kl": ("algorithm.kl_importance_correction", "TRL's default true; grpo's false"),
     # --- GRPOConfig: logging ---
-    "log_completions": ("log.rollouts_every", "every completion of a step goes to rollouts/step-N.jsonl"),
+    "log_completions": ("log.rollouts_every", "every completion of a step goes to rollouts/step-N.jsonl; TRL's default "
+                        "false; grpo's rollouts_every 10"),
     "log_multimodal": (None, "text only"),
     "num_completions_to_print": (None, "grpo inspect RUN --rollouts STEP prints them"),
     "log_unique_prompts": (None, "rollouts hold every prompt"),
     "log_completions_hub_repo": (None, "no hub uploads"),
 }
+
+
+#: TRL 1.16's defaults that `grpo import trl` writes out when a config leaves them unset: each
+#: differs from grpo's default, or feeds the batch arithmetic (tests check them against GRPOConfig).
+TRL_DEFAULTS: dict[str, object] = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 8,
+    "max_steps": -1,
+    "lr_scheduler_type": "linear",
+    "gradient_checkpointing": True,
+    "max_completion_length": 512,
+    "seed": 42,
+    "bf16": None,  # GRPOConfig: None means True unless fp16 is set
+    "model_init_kwargs": None,  # transformers 5 then infers the dtype ('auto')
+    "save_steps": 500,
+    "epsilon": 0.2,
+    "use_bias_correction_kl": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
+}
+
+
+#: The fields whose unit differs from their recipe key's (their notes start the difference with "unit:").
+TRL_UNITS = ("per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
+             "steps_per_generation", "warmup_steps")
 
 
 def lookup(name: str) -> dict[str, tuple[str | None, str]]:

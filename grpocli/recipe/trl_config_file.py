@@ -1,0 +1,87 @@
+"""Reading a TRL GRPOConfig for `grpo import trl`: a YAML or JSON of its fields (what
+`trl grpo --config` takes), or a Python file that builds a GRPOConfig.
+
+A Python file is executed in this process (no subprocess), in a fresh namespace whose
+``__name__`` is not ``"__main__"``, so a ``if __name__ == "__main__":`` block that starts training
+does not run. It is code: import only files you would run. While it runs, GRPOConfig (from trl,
+trl.trainer or trl.trainer.grpo_config) records the arguments it is built with instead of building
+(TrainingArguments' device checks would refuse TRL's bf16 default on a machine without a GPU);
+the file must build exactly one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from grpocli.errors import UserError
+
+HINT = "grpo import trl CONFIG.yaml -o recipe.toml"
+VALID = ("a YAML or JSON file of GRPOConfig fields (as `trl grpo --config` takes), or a .py file that builds a "
+         "GRPOConfig")
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The TRL fields the file sets, by name."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no such file: {path}", valid=VALID, hint=HINT)
+    if path.suffix == ".py":
+        return _from_python(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - yaml.YAMLError, json.JSONDecodeError: both say line and column
+        raise UserError(f"{path} does not parse: {exc}", valid=VALID, hint=HINT) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a {type(data).__name__}, not a mapping of field names to values",
+                        valid=VALID, hint=HINT)
+    return data
+
+
+def _from_python(path: Path) -> dict[str, Any]:
+    try:
+        import trl
+        import trl.trainer
+        from trl.trainer import grpo_config
+    except ImportError:
+        raise UserError(f"reading {path} needs TRL (it builds a GRPOConfig)", valid=VALID,
+                        hint="pip install trl, or write the fields as YAML") from None
+    real = grpo_config.GRPOConfig
+    order = [f.name for f in dataclasses.fields(real) if f.init]
+    built: list[dict[str, Any]] = []
+
+    def recorded(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Stands in for GRPOConfig while the file runs: keeps the arguments it is built with (so no
+        device check of TrainingArguments refuses bf16 on a machine without a GPU)."""
+        fields = {**dict(zip(order, args)), **kwargs}
+        built.append(fields)
+        return fields
+
+    namespace: dict[str, Any] = {"__name__": "__grpo_import__", "__file__": str(path)}
+    homes = (trl, trl.trainer, grpo_config)
+    for home in homes:
+        home.GRPOConfig = recorded
+    try:
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # noqa: S102 - the user's file
+    except SystemExit as exc:
+        raise UserError(f"{path} called sys.exit({exc.code}) while it was read", valid=VALID, hint=HINT) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises is said, not a traceback
+        raise UserError(f"{path} raised {type(exc).__name__}: {exc}", valid=VALID, hint=HINT) from None
+    finally:
+        for home in homes:
+            home.GRPOConfig = real
+    if len(built) != 1:
+        raise UserError(f"{path} built {len(built)} GRPOConfig objects when it ran; `grpo import trl` reads one",
+                        valid="a file that builds one GRPOConfig at import (outside `if __name__ == \"__main__\"`)",
+                        hint="move `args = GRPOConfig(...)` to module level, or write its fields as YAML")
+    return built[0]
