@@ -106,6 +106,23 @@ def test_train_steps_set_in_the_recipe_wins_over_epochs_as_trl_max_steps():
     assert derived.recipe.train.steps == 25  # ceil(2 x 100 / 8)
     kept, _ = resolve_duration(load_recipe(None, ["train.warmup_ratio=0.5", "train.warmup_steps=3"]), rows=100)
     assert kept.recipe.train.warmup_steps == 3  # as TRL: warmup_steps above 0 wins
+    longer = load_recipe(None, ["train.warmup_ratio=0.1", "train.steps=200"])
+    assert resolve_duration(longer, 100)[0].recipe.train.warmup_steps == 20
+    resumed, _ = resolve_duration(longer, 100, saved={"warmup_ratio": 0.1, "warmup_steps": 10, "steps": 100})
+    assert resumed.recipe.train.warmup_steps == 10  # a resume that extends the run keeps its warm-up
+
+
+def test_live_completions_on_a_terminal_are_a_rich_table():
+    from rich.console import Console
+
+    from grpocli.trainer.completion_log import rich_table
+
+    rows = [{"prompt": "<|im_start|>user 2+2=", "completion": "4", "rewards": {"math.accuracy": 1.0, "fmt": None},
+             "reward": 1.0, "advantage": 0.5}]
+    console = Console(record=True, width=120)
+    console.print(rich_table(7, rows))
+    text = console.export_text()
+    assert "step 7: 1 completions" in text and "math.accuracy" in text and "None" in text and "0.5" in text
 
 
 def test_chat_template_kwargs_reach_the_template():
