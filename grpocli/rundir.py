@@ -70,6 +70,12 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def reward_logs(self) -> Path:
+        """{"metrics": [...], "columns": [...]}: the names rewards logged through TRL's log_metric (keys of
+        metrics.jsonl) and log_extra (the "extra" of rollout rows)."""
+        return self.root / "reward_logs.json"
+
+    @property
     def rollouts(self) -> Path:
         return self.root / "rollouts"
 

@@ -32,9 +32,13 @@ def train(
 
     resolved = load_recipe(recipe, overrides or [])
     if dry_run:
+        from grpocli.recipe.duration import resolve_duration
         from grpocli.trainer.preflight import preflight
 
-        preflight(resolved.recipe)
+        checked = preflight(resolved.recipe)
+        resolved, notes = resolve_duration(resolved, len(checked.dataset))  # num_train_epochs, warmup_ratio
+        for note in notes:
+            typer.echo(note, err=True)
         typer.echo(to_toml(resolved.recipe))
         return
     from grpocli.launch.launcher import launch

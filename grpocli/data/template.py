@@ -59,13 +59,14 @@ def build_messages(row: dict[str, Any], data: DataSection) -> Messages:
     )
 
 
-def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool) -> str:
-    """The chat template with a generation prompt where asked and present; else the contents
-    joined by newlines (system, then user)."""
+def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat template with a generation prompt where asked and present (``template_kwargs``:
+    data.chat_template_kwargs, e.g. enable_thinking); else the contents joined by newlines (system, then user)."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):  # noqa: SIM102
         try:
             return tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
             )
         except Exception as exc:  # jinja errors such as "System role not supported"
             raise UserError(
@@ -81,7 +82,7 @@ def render_row(row: dict[str, Any], data: DataSection, tokenizer: Any) -> dict[s
     """The row with ``prompt`` (for rewards) and ``prompt_text`` (for the policy) set."""
     messages = build_messages(row, data)
     prompt = row[data.prompt_column] if data.prompt_column in row else messages[-1]["content"]
-    text = render_prompt(messages, tokenizer, uses_chat_template(row, data))
+    text = render_prompt(messages, tokenizer, uses_chat_template(row, data), data.chat_template_kwargs)
     return {**row, "prompt": prompt, "prompt_text": text}
 
 

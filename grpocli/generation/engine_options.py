@@ -85,13 +85,14 @@ def engine_options(model: str, device: torch.device | None, *, world: int = 1, r
                    colocated: bool = False, dtype: str = "auto", max_model_len: int | None = None,
                    enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.3, seed: int = 0,
                    max_logprobs: int = 1, max_num_batched_tokens: int | None = None, sleep_mode: bool = False,
-                   environ: Mapping[str, str] | None = None, port: Callable[[], int] = free_port) -> EngineOptions:
+                   extra: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, port: Callable[[], int] = free_port) -> EngineOptions:
     """vllm.LLM's arguments for an engine on ``device`` (a CUDA device, or None for the CPU).
 
     ``colocated``: the engine lives in training process ``rank`` of ``world`` (the external
     launcher on CUDA); else it is alone in its process (a server). Log-probs are vLLM's
     processed ones (after temperature), as TRL's importance-sampling correction asks. ``sleep_mode``:
     vLLM's ``enable_sleep_mode`` (vllm.sleep_mode; grpocli.generation.engine_sleep), set only when asked.
+    ``extra``: more of vllm.LLM's arguments as they are (`grpo vllm-serve`'s TRL flags, grpocli.server.flags).
     """
     cuda = device is not None and device.type == "cuda"
     kwargs: dict[str, Any] = {
@@ -104,6 +105,7 @@ def engine_options(model: str, device: torch.device | None, *, world: int = 1, r
         kwargs["max_num_batched_tokens"] = batched
     if sleep_mode:
         kwargs["enable_sleep_mode"] = True
+    kwargs.update(extra or {})
     env: dict[str, str] = {}
     if cuda and colocated:
         import os

@@ -171,7 +171,8 @@ class VllmEngine:
                  enforce_eager: bool | None = None, gpu_memory_utilization: float = 0.3, seed: int = 0,
                  max_logprobs: int = 1, max_num_batched_tokens: int | None = None, device: Any = None,
                  parallel: Parallel | None = None, where: str = "generation.backend",
-                 length_where: str = "vllm.max_model_len", sleep_mode: bool = False) -> None:
+                 length_where: str = "vllm.max_model_len", sleep_mode: bool = False,
+                 engine_kwargs: dict[str, Any] | None = None) -> None:
         import torch
 
         check_context_length(model_dir, max_model_len, length_where)
@@ -185,7 +186,7 @@ class VllmEngine:
             str(model_dir), device, world=parallel.size if parallel else 1, rank=parallel.rank if parallel else 0,
             colocated=parallel is not None, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=max_logprobs,
-            max_num_batched_tokens=max_num_batched_tokens, sleep_mode=sleep_mode)
+            max_num_batched_tokens=max_num_batched_tokens, sleep_mode=sleep_mode, extra=engine_kwargs)
         os.environ.update(options.env)
         use_device(device)
         # vLLM seeds torch's global RNGs: the CPU's, and this GPU's (the trainer's own stream of numbers)
@@ -197,6 +198,9 @@ class VllmEngine:
         self.device = device                             # torch.device("cuda", i), or None: the CPU
         self.dtype = config.dtype                        # torch.dtype the engine computes in
         self.max_model_len = int(config.max_model_len)
+        cache = getattr(getattr(self.llm.llm_engine, "vllm_config", None), "cache_config", None)
+        self.prefix_caching = bool(getattr(cache, "enable_prefix_caching", False))  # vLLM's decision
+        self.kv_cache_dtype = str(getattr(cache, "cache_dtype", "auto"))
         self.world_size = 1
         self.spec: dict[str, TensorSpec] = checkpoint_spec(model_dir, self.dtype)
 

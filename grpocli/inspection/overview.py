@@ -104,27 +104,47 @@ def show_run(path: str, rollouts_step: int | None = None, *, n: int = 3, write_p
     evals = eval_table(run)
     if evals is not None:
         console.print(evals)
+    logged = reward_logs(run)
     if metrics.history:
         console.print(metrics_table(metrics.history, spark_width=max(8, min(48, console.width - 66))))
+        if logged["metrics"]:  # rewards' log_metric keys
+            console.print(metrics_table(metrics.history, spark_width=max(8, min(48, console.width - 66)),
+                                        keys=logged["metrics"], title="rewards' log_metric"))
+    if logged["columns"]:
+        console.print(escape(f"rewards' log_extra columns: {', '.join(logged['columns'])}   "
+                             f"(grpo inspect {run.root} --rollouts STEP shows them)"))
+    if metrics.history:
         _show_warnings(metrics.history, console)
         if write_png:
             _write_png(run, metrics.history, console)
 
 
-def metrics_table(history: list[dict[str, Any]], *, spark_width: int = SPARK_WIDTH) -> Table:
-    """One row per key metric: first, last, min, max and a sparkline over the steps."""
+def metrics_table(history: list[dict[str, Any]], *, spark_width: int = SPARK_WIDTH,
+                  keys: Sequence[str] = KEY_METRICS, title: str = "metrics") -> Table:
+    """One row per key metric (or per one of ``keys``): first, last, min, max and a sparkline over the steps."""
     first, last = history[0].get("step", 1), history[-1].get("step", len(history))
-    table = Table(title=f"metrics, steps {first}..{last}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=f"{title}, steps {first}..{last}", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("metric", style="bold", no_wrap=True)
     for col in ("first", "last", "min", "max"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("trend", no_wrap=True)
-    for key in plot.panel_keys(history, KEY_METRICS):
+    for key in plot.panel_keys(history, keys):
         _, values = plot.series(history, key)
         if values:
             table.add_row(key, *(_fmt(v) for v in (values[0], values[-1], min(values), max(values))),
                           sparkline(values, spark_width))
     return table
+
+
+def reward_logs(run: RunDir) -> dict[str, list[str]]:
+    """The names rewards logged through log_metric ("metrics") and log_extra ("columns"), from
+    <run>/reward_logs.json (empty lists when the run has none or it cannot be read)."""
+    try:
+        found = json.loads(run.reward_logs.read_bytes())
+    except (OSError, ValueError):
+        found = {}
+    found = found if isinstance(found, dict) else {}
+    return {k: [str(x) for x in found.get(k) or [] if isinstance(x, str)] for k in ("metrics", "columns")}
 
 
 def eval_table(run: RunDir) -> Table | None:
@@ -186,12 +206,17 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
         columns = any(r.get("columns") for r in chosen)
         if columns:
             table.add_column("columns", max_width=30, overflow="fold")
+        extra = any(r.get("extra") for r in chosen)  # rewards' log_extra columns
+        if extra:
+            table.add_column("log_extra", max_width=30, overflow="fold")
         table.add_column("completion", overflow="fold")
         for r in chosen:
             cells = [_fmt(r.get("reward")), Text(_reward_parts(r)), _fmt(r.get("advantage")),
                      Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80))]
             if columns:
                 cells.append(Text(_columns(r.get("columns"))))
+            if extra:
+                cells.append(Text(_columns(r.get("extra"))))
             table.add_row(*cells, Text(str(r.get("completion", ""))))
         console.print(table)
 

@@ -120,6 +120,11 @@ class DataSection(Section):
         "message of the chat template too (what an instruct model wants); 'never': plain text "
         "always. true / false are read as 'always' / 'never'."
     )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra variables for the chat template wherever a prompt is rendered "
+        "(training, evaluation, `grpo inspect data`), as TRL's chat_template_kwargs: e.g. {enable_thinking = "
+        "false} for Qwen3.",
+    )
     max_prompt_length: int = Field(
         512, ge=1, le=131072, description="Prompts longer than this many tokens are left-truncated."
     )
@@ -237,6 +242,14 @@ class TrainSection(Section):
         json_schema_extra=FREE_ON_RESUME,
     )
     steps: int = Field(100, ge=1, description="Optimizer steps.", json_schema_extra=FREE_ON_RESUME)
+    num_train_epochs: float | None = Field(
+        None, gt=0.0, le=100000.0,
+        description="Passes over the training split instead of train.steps: steps = ceil(epochs x rows / "
+        "prompts_per_step), worked out once the split loads and recorded as train.steps in config.resolved.toml. "
+        "As TRL (max_steps wins): a train.steps set in the recipe, the environment or an argument wins and this "
+        "is ignored, with a note.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     prompts_per_step: int = Field(
         8, ge=1, le=65536, description="Prompts per optimizer step, over all processes (x G completions); at most "
         "the rows of the training split per generation batch, and at most "
@@ -271,6 +284,11 @@ class TrainSection(Section):
         "constant", description="Learning-rate schedule (transformers get_scheduler)."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    warmup_ratio: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="Warm-up as a share of train.steps (TRL's warmup_ratio): warmup_steps = ceil(ratio x steps), "
+        "recorded as train.warmup_steps in config.resolved.toml. As TRL: a warmup_steps above 0 wins.",
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
@@ -374,6 +392,12 @@ class LogSection(Section):
     )
     progress: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="Terminal display: rich on a TTY, plain lines otherwise ('auto')."
+    )
+    completions_to_print: int = Field(
+        0, ge=0, le=1024,
+        description="Every step, print this many of its completions (prompt, completion, each reward, the "
+        "total) as they train: a rich table on a terminal, plain text otherwise (TRL's num_completions_to_print "
+        "with log_completions); 0: none. log.progress = 'none' prints none.",
     )
 
 

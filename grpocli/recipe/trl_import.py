@@ -164,9 +164,16 @@ def _field(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
 def _max_steps(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
     if value and value > 0:
         b.put(name, "mapped", "train.steps", value, "optimizer steps, as TRL's")
-    else:
-        b.say(name, "unsupported", "TRL's -1 trains num_train_epochs over the data set; grpo counts optimizer "
-              "steps: set max_steps in the config, or train.steps in the recipe (grpo's default 100)")
+    else:  # TRL's -1: num_train_epochs over the data set
+        epochs = f.get("num_train_epochs") or 3.0
+        b.put(name, "converted", "train.num_train_epochs", epochs,
+              "TRL's max_steps -1 trains num_train_epochs over the data set; grpo derives train.steps from it")
+
+
+def _epochs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    if (f.get("max_steps") or -1) > 0:
+        b.say(name, "ignored", "max_steps is set: TRL's max_steps wins over num_train_epochs")
+    # else: with max_steps (-1, TRL's default) -> train.num_train_epochs
 
 
 def _scheduler(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
@@ -186,7 +193,7 @@ def _warmup(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
         b.put(name, "converted", "train.warmup_steps", math.ceil(steps * value),
               f"ceil(max_steps x ratio) = ceil({steps} x {value}), as transformers' get_warmup_steps")
     else:
-        b.say(name, "unsupported", f"a ratio {value} needs max_steps; set train.warmup_steps")
+        b.put(name, "mapped", "train.warmup_ratio", value, "ceil(ratio x steps), steps derived from num_train_epochs")
 
 
 def _precision(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
@@ -267,8 +274,13 @@ def _bias_kl(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
 
 
 def _log_completions(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    if name == "num_completions_to_print":
+        return  # with log_completions
     if value:
         b.put(name, "converted", "log.rollouts_every", f.get("logging_steps") or 10, "every logging_steps")
+        shown = f.get("num_completions_to_print") or 8
+        b.put(name, "converted", "log.completions_to_print", shown,
+              "num_completions_to_print, or 8 where TRL prints them all")
 
 
 def _generation_kwargs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
@@ -280,13 +292,13 @@ def _generation_kwargs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> N
 
 
 _SPECIAL = {
-    "max_steps": _max_steps, "lr_scheduler_type": _scheduler, "warmup_steps": _warmup, "warmup_ratio": _warmup,
+    "max_steps": _max_steps, "num_train_epochs": _epochs, "lr_scheduler_type": _scheduler, "warmup_steps": _warmup, "warmup_ratio": _warmup,
     "bf16": _precision, "fp16": _precision, "report_to": _report_to, "model_init_kwargs": _model_init_kwargs,
     "use_vllm": _vllm, "vllm_mode": _vllm, "vllm_server_base_url": _vllm, "vllm_server_host": _vllm,
     "vllm_server_port": _vllm, "vllm_enable_sleep_mode": _vllm, "epsilon": _epsilon,
     "scale_rewards": _scale_rewards, "multi_objective_aggregation": _aggregation, "sync_ref_model": _ref_sync,
     "ref_model_sync_steps": _ref_sync, "ref_model_mixup_alpha": _ref_sync, "use_bias_correction_kl": _bias_kl,
-    "log_completions": _log_completions, "generation_kwargs": _generation_kwargs,
+    "log_completions": _log_completions, "num_completions_to_print": _log_completions, "generation_kwargs": _generation_kwargs,
 }
 
 

@@ -13,13 +13,14 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "output_dir": ("train.output_dir", ""),
     "max_steps": ("train.steps",
                   "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
-    "num_train_epochs": (None, "grpo counts optimizer steps (train.steps); epochs are logged"),
+    "num_train_epochs": ("train.num_train_epochs", "steps = ceil(epochs x rows / prompts_per_step); a train.steps "
+                         "set in the recipe wins, as TRL's max_steps"),
     "learning_rate": ("train.learning_rate", ""),
     "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup; TRL's default linear; "
                           "grpo's constant"),
     "warmup_steps": ("train.warmup_steps", "unit: TRL's value below 1 is a ratio of max_steps (grpo import trl writes "
                      "ceil(max_steps x ratio)); grpo's counts steps"),
-    "warmup_ratio": (None, "use train.warmup_steps"),
+    "warmup_ratio": ("train.warmup_ratio", "ceil(ratio x steps); a warmup_steps above 0 wins, as in TRL"),
     "weight_decay": ("train.weight_decay", ""),
     "adam_beta1": ("train.adam_beta1", ""),
     "adam_beta2": ("train.adam_beta2", ""),
@@ -51,7 +52,7 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "disable_dropout": (None, "not supported"),
     "cast_lm_head_to_fp32": (None, "log-probs are computed in float32 from any dtype"),
     "shuffle_dataset": ("data.shuffle", ""),
-    "chat_template_kwargs": (None, "not supported; data.chat_template chooses when the template applies"),
+    "chat_template_kwargs": ("data.chat_template_kwargs", "e.g. {enable_thinking = false}"),
     "pad_to_multiple_of": (None, "micro-batches are packed or padded to their longest row"),
     # --- GRPOConfig: generation ---
     "num_generations": ("generation.num_generations", "G"),
@@ -129,10 +130,11 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "off_policy_mask_threshold": (None, "off-policy sequence masking: not supported"),
     "use_bias_correction_kl": ("algorithm.kl_importance_correction", "TRL's default true; grpo's false"),
     # --- GRPOConfig: logging ---
-    "log_completions": ("log.rollouts_every", "every completion of a step goes to rollouts/step-N.jsonl; TRL's default "
-                        "false; grpo's rollouts_every 10"),
+    "log_completions": ("log.completions_to_print", "printed live: set completions_to_print = N; every "
+                        "completion of a step also goes to rollouts/step-N.jsonl (log.rollouts_every); TRL's "
+                        "default false; grpo's 0"),
     "log_multimodal": (None, "text only"),
-    "num_completions_to_print": (None, "grpo inspect RUN --rollouts STEP prints them"),
+    "num_completions_to_print": ("log.completions_to_print", "a rich table on a terminal, plain text otherwise"),
     "log_unique_prompts": (None, "rollouts hold every prompt"),
     "log_completions_hub_repo": (None, "no hub uploads"),
 }

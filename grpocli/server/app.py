@@ -201,9 +201,12 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
                max_model_len: int | None = None, dtype: str = "auto", *, gpu_memory_utilization: float = 0.9,
                enforce_eager: bool | None = None, kv_cache_gb: float = 1.0, seed: int = 0,
                request_timeout: float = REQUEST_TIMEOUT, max_num_batched_tokens: int | None = None,
-               trust_request_chat_template: bool = False) -> None:
+               trust_request_chat_template: bool = False, log_level: str = "warning",
+               engine_kwargs: dict[str, Any] | None = None) -> None:
     """Start a vLLM engine on ``model`` and serve it until POST /close or a signal. ``enforce_eager``
     None: on for a CPU, off on CUDA (CUDA graphs); the engine runs on this process's current GPU.
+
+    ``engine_kwargs``: more of vllm.LLM's arguments (trl vllm-serve's flags, grpocli.server.flags).
 
     Stopping is bounded (grpocli.server.stopping): requests still in flight get ``GRACE`` s, then
     are called off; an engine still inside a call after that (stuck) is left, and the process exits."""
@@ -223,11 +226,11 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     engine = VllmEngine(source.path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
                         gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_logprobs=-1,
                         max_num_batched_tokens=max_num_batched_tokens, where="--model",
-                        length_where="--max-model-len")
+                        length_where="--max-model-len", engine_kwargs=engine_kwargs)
     engine_host = EngineHost(engine, bind_host=host)
     app = build_app(engine_host, api_key=api_key, request_timeout=request_timeout,
                     trust_request_chat_template=trust_request_chat_template)
-    server = StoppingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+    server = StoppingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=GRACE), engine_host)
     app.state.server = server
     print(f"grpo vllm-serve: engine on {source.path} started in {time.perf_counter() - t0:.1f} s; serving "

@@ -69,6 +69,7 @@ class EngineHost:
         e = self.engine
         return {"model": e.model, "max_model_len": e.max_model_len, "world_size": e.world_size,
                 "dtype": dtype_name(e.dtype), "weights_version": self.version,
+                "prefix_caching": getattr(e, "prefix_caching", None), "kv_cache_dtype": getattr(e, "kv_cache_dtype", None),
                 "transports": ["http", "gloo", *(["nccl"] if torch.cuda.is_available() else [])],
                 "device": gpu_identity(self.device)}
 

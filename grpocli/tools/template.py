@@ -33,20 +33,23 @@ TOOLS_SYSTEM = (
 )
 
 
-def render_with_tools(messages: list[dict[str, Any]], tokenizer: Any, schemas: list[dict[str, Any]]) -> str:
-    """The prompt text: the chat template with the tools and a generation prompt."""
+def render_with_tools(messages: list[dict[str, Any]], tokenizer: Any, schemas: list[dict[str, Any]],
+                      template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text: the chat template with the tools and a generation prompt (``template_kwargs``:
+    data.chat_template_kwargs)."""
+    extra = template_kwargs or {}
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("the tokenizer has no chat template: tool calls and results are chat messages",
                         where="model.tokenizer", valid="a tokenizer with a chat template (an instruct model)",
                         hint="use an instruct model's tokenizer, or remove [[tools]] / multi_turn.environment")
-    plain = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    plain = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     if not schemas:
         return plain
-    text = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True, **extra)
     if text != plain:
         return text
     return tokenizer.apply_chat_template(with_tools_system(messages, schemas), tokenize=False,
-                                         add_generation_prompt=True)
+                                         add_generation_prompt=True, **extra)
 
 
 def with_tools_system(messages: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:

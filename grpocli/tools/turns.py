@@ -176,7 +176,8 @@ class TurnLoop:
             observation = seen.pop()
             if observation:
                 messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
-            texts.append(render_with_tools(messages, self.tokenizer, self.toolbox.schemas))
+            texts.append(render_with_tools(messages, self.tokenizer, self.toolbox.schemas,
+                                           self.data.chat_template_kwargs))
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [row[-self.max_prompt_length :] for row in ids]
 

@@ -47,6 +47,7 @@ from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
+from grpocli.trainer.completion_log import completion_rows, print_completions
 from grpocli.trainer.metrics import (
     cycle_shares,
     group_metrics,
@@ -344,12 +345,16 @@ class Loop:
             s.nonfinite(metrics)
         if p.main:
             s.metrics.write(metrics)
+            if sl.scored.logged_metrics or sl.scored.extra:  # rewards' log_metric / log_extra names
+                s.metrics.note_reward_logs(s.run, list(sl.scored.logged_metrics), list(sl.scored.extra))
         if is_due(r.log.rollouts_every, step):
             write_rollouts(s.run, step, sl.scored, sl.advantages, p,  # every process: the main one writes all groups
                            prompt_column=r.data.prompt_column)
         if r.log.report_to:
             p.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
         s.show(metrics)
+        if r.log.completions_to_print and p.main:  # TRL's num_completions_to_print
+            print_completions(step, completion_rows(sl.scored, sl.advantages, r.log.completions_to_print), s.progress)
 
     def maybe_evaluate(self, *, since: int) -> None:
         s = self.s

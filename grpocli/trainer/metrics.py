@@ -49,6 +49,18 @@ class MetricsLog:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._failed = False
 
+    def note_reward_logs(self, run: RunDir, metrics: list[str], columns: list[str]) -> None:
+        """Add these log_metric / log_extra names to <run>/reward_logs.json (for `grpo inspect RUN`)."""
+        path = run.reward_logs
+        try:
+            known = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        except (OSError, ValueError):
+            known = {}
+        merged = {"metrics": sorted({*known.get("metrics", []), *metrics}),
+                  "columns": sorted({*known.get("columns", []), *columns})}
+        if merged != known:
+            path.write_text(json.dumps(merged) + "\n", encoding="utf-8")
+
     def write(self, metrics: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         try:
@@ -89,6 +101,11 @@ class Progress:
                             TextColumn("{task.fields[info]}"), transient=False)
             self._task = self._bar.add_task("train", total=total, info="")
             self._bar.start()
+
+    @property
+    def console(self) -> Any:
+        """The rich console above the progress bar (None: plain lines or nothing)."""
+        return self._bar.console if self._bar is not None else None
 
     def resume_at(self, step: int) -> None:
         if self._bar is not None:

@@ -120,11 +120,18 @@ class Session:
         from grpocli.parallel import start
         from grpocli.trainer.preflight import preflight
 
+        from grpocli.recipe.duration import resolve_duration
+
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
-        resume_from = resume_point(run, r.train.resume, r.train.steps)
+        # num_train_epochs needs the split's rows: then the names are checked (and the split loaded) first
+        early = preflight(r) if r.train.num_train_epochs is not None else None
+        rows = len(early.dataset) if early else 0
+        resume_from = resume_point(run, r.train.resume, resolve_duration(resolved, rows)[0].recipe.train.steps)
+        resolved, durations = resolve_duration(resolved, rows, saved=_saved_train(resume_from, run))
+        r = resolved.recipe
         changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
-        checked = preflight(r)  # names first: a typo should not cost a model load
+        checked = early or preflight(r)  # names first: a typo should not cost a model load
         parallel = start(r, run.root)
         _check_memory(r, parallel)  # a recipe that cannot fit stops before a model loads
         set_seed(r.train.seed)
@@ -148,6 +155,8 @@ class Session:
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=checked.curriculum, turns=turns,
                 progress=Progress(r.log.progress, r.train.steps, parallel.main))
+        for note in durations:
+            s.progress.note(note, always=parallel.main)
         described, warning = parallel.describe(model), parallel.low_precision_warning(model)
         if described:
             s.progress.note(described, always=parallel.main)
@@ -260,6 +269,17 @@ class Session:
         if self.recipe.log.report_to:
             self.parallel.accelerator.end_training()
         self.backend.close()
+
+
+def _saved_train(resume_from: tuple[int, Any] | None, run: RunDir) -> dict[str, Any] | None:
+    """The [train] table the checkpoint to resume from was trained with (None: no resume, or no record)."""
+    import tomllib
+
+    saved = saved_recipe(resume_from[1], run.config) if resume_from else None
+    try:
+        return tomllib.loads(saved[1]).get("train") if saved else None
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return None
 
 
 def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:

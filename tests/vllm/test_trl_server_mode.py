@@ -92,6 +92,31 @@ def gloo_trl(monkeypatch):
     return GlooVLLMClient
 
 
+#: `trl vllm-serve`'s own spelling of its flags (underscores, as TRL's docs write them), which grpo vllm-serve takes.
+TRL_FLAGS = ("--max_model_len", "192", "--gpu_memory_utilization", "0.5", "--enable_prefix_caching",
+             "--kv_cache_dtype", "auto", "--log_level", "warning", "--tensor_parallel_size", "1",
+             "--data_parallel_size", "1", "--vllm_model_impl", "vllm", "--trust_remote_code")
+
+
+@pytest.fixture(scope="module")
+def keyless_server(tiny_dir, tmp_path_factory):
+    """The server TRL's client talks to in this module, started with TRL's flag spelling."""
+    from vllm_serve_process import Server
+
+    server = Server(tiny_dir, tmp_path_factory.mktemp("server") / "server.log", api_key=None, args=TRL_FLAGS)
+    try:
+        server.wait()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_trl_flag_spelling_takes_effect(keyless_server, http):
+    info = http("GET", keyless_server.url + "/info")[1]
+    assert info["max_model_len"] == 192  # --max_model_len 192 (the helper's own --max-model-len 256 came first)
+    assert info["prefix_caching"] is True and info["kv_cache_dtype"] == "auto"
+
+
 @pytest.fixture(scope="module")
 def client(keyless_server):
     return trl_client.VLLMClient(base_url=keyless_server.url, connection_timeout=10)
