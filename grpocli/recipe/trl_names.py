@@ -14,7 +14,7 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "max_steps": ("train.steps",
                   "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
     "num_train_epochs": ("train.num_train_epochs", "steps = ceil(epochs x rows / prompts_per_step); a train.steps "
-                         "set in the recipe wins, as TRL's max_steps"),
+                         "set in the recipe wins, as TRL's max_steps; TRL's default 3; grpo's none (train.steps)"),
     "learning_rate": ("train.learning_rate", ""),
     "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup; TRL's default linear; "
                           "grpo's constant"),
