@@ -4,7 +4,7 @@ Each test writes a reward file, names it in the recipe as ``file.py:function`` a
 command in a subprocess on the tiny model. A reward that never returns (sync, or ``async def``)
 must end the run with exit code 2 soon after its ``rewards[i].timeout``, naming the reward, the
 row and the key to raise; one that calls sys.exit() or os._exit() must not end the run silently;
-one that sets a SIGALRM handler is told the key that lets it (``timeout = 0``); timed-out calls
+a math-verify reward written the usual way (signal alarms) trains and evaluates; timed-out calls
 left spinning are counted and stop the run before they eat it; what a reward does to the lists
 it is given never reaches the rollouts; and a plugin (installed, found by entry point) or a reward
 file whose import calls sys.exit() is named instead of ending the command with its exit code.
@@ -31,7 +31,6 @@ EXIT_WITHIN_S = 2 * TIMEOUT_S + 20
 REWARDS = '''
 import asyncio
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -68,18 +67,6 @@ def exits_hard_at_step_2(prompts, completions, trainer_state, **kwargs):
     if trainer_state.global_step >= 1:
         os._exit(7)
     return [0.0] * len(completions)
-
-
-def alarmed(prompts, completions, **kwargs):
-    def late(signum, frame):
-        raise TimeoutError("too slow")
-
-    signal.signal(signal.SIGALRM, late)  # math-verify's way to bound one answer
-    signal.alarm(5)
-    try:
-        return [float(len(c)) for c in completions]
-    finally:
-        signal.alarm(0)
 
 
 def spins(prompts, completions, **kwargs):
@@ -183,20 +170,37 @@ def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards
     assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
 
 
+ACCURACY = '''
+from math_verify import LatexExtractionConfig, parse, verify
+
+
+def accuracy_reward(completions, answer, **kwargs):
+    """The open-r1 / TRL docs way: math-verify's parse and verify with their default timeouts
+    (signal alarms, which Python allows only in the main thread)."""
+    rewards = []
+    for completion, sol in zip(completions, answer):
+        content = completion[0]["content"] if isinstance(completion, list) else completion
+        gold = parse(f"${sol}$", extraction_config=[LatexExtractionConfig()])
+        answer_parsed = parse(content)
+        rewards.append(float(verify(gold, answer_parsed)) if gold else None)
+    return rewards
+'''
+
+
 @pytest.mark.slow
-def test_a_reward_that_sets_a_signal_alarm_is_told_to_set_timeout_0(rewards_file, tmp_path):
-    done = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed"}}]',
-                    f"train.output_dir={tmp_path / 'run'}", timeout=240)
-    assert done.returncode == 2, done.stderr[-3000:]
-    err = done.stderr
-    assert "Traceback" not in err, err
-    assert "reward 'bad_rewards.py:alarmed' raised ValueError: signal only works in main thread" in err, err
-    assert "set timeout = 0 in [[rewards]] entry 0 (rewards[0].timeout = 0)" in err, err
-    assert "main thread" in err.split("next:")[-1], err
-    ok = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed", timeout=0}}]',
-                  f"train.output_dir={tmp_path / 'run0'}", timeout=240)
-    assert ok.returncode == 0, ok.stderr[-3000:]  # the advice works
-    assert len(_steps(tmp_path / "run0")) == 2
+def test_a_math_verify_reward_written_the_usual_way_trains_and_evaluates(tmp_path):
+    path = tmp_path / "accuracy.py"
+    path.write_text(ACCURACY)
+    out = tmp_path / "run"
+    reward = f'rewards=[{{name="{path}:accuracy_reward"}}]'  # the default timeout (300 s)
+    done = run_grpo("train", "quickstart", *FAST, reward, f"train.output_dir={out}", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = _steps(out)
+    assert len(steps) == 2 and "rewards/accuracy.py:accuracy_reward/mean" in json.dumps(steps), steps
+    ran = run_grpo("eval", "quickstart", "--base", "--n", "2", "--num-prompts", "2", "--max-tokens", "8",
+                   "--output-dir", str(tmp_path / "eval"), *TINY_MODEL, "data.args={num_samples=64}", reward,
+                   timeout=240)
+    assert ran.returncode == 0, ran.stderr[-3000:]
 
 
 @pytest.mark.slow
