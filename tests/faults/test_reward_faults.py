@@ -4,7 +4,7 @@ Each test writes a reward file, names it in the recipe as ``file.py:function`` a
 command in a subprocess on the tiny model. A reward that never returns (sync, or ``async def``)
 must end the run with exit code 2 soon after its ``rewards[i].timeout``, naming the reward, the
 row and the key to raise; one that calls sys.exit() or os._exit() must not end the run silently;
-a math-verify reward written the usual way (signal alarms) trains and evaluates; timed-out calls
+(a math-verify reward, which sets alarms, trains: tests/rewards/test_trl_reward_habits.py); timed-out calls
 left spinning are counted and stop the run before they eat it; what a reward does to the lists
 it is given never reaches the rollouts; and a plugin (installed, found by entry point) or a reward
 file whose import calls sys.exit() is named instead of ending the command with its exit code.
@@ -168,39 +168,6 @@ def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards
     assert "reward 'bad_rewards.py:exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
     assert f"at {rewards_file}:" in err and "never end the process" in err, err
     assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
-
-
-ACCURACY = '''
-from math_verify import LatexExtractionConfig, parse, verify
-
-
-def accuracy_reward(completions, answer, **kwargs):
-    """The open-r1 / TRL docs way: math-verify's parse and verify with their default timeouts
-    (signal alarms, which Python allows only in the main thread)."""
-    rewards = []
-    for completion, sol in zip(completions, answer):
-        content = completion[0]["content"] if isinstance(completion, list) else completion
-        gold = parse(f"${sol}$", extraction_config=[LatexExtractionConfig()])
-        answer_parsed = parse(content)
-        rewards.append(float(verify(gold, answer_parsed)) if gold else None)
-    return rewards
-'''
-
-
-@pytest.mark.slow
-def test_a_math_verify_reward_written_the_usual_way_trains_and_evaluates(tmp_path):
-    path = tmp_path / "accuracy.py"
-    path.write_text(ACCURACY)
-    out = tmp_path / "run"
-    reward = f'rewards=[{{name="{path}:accuracy_reward"}}]'  # the default timeout (300 s)
-    done = run_grpo("train", "quickstart", *FAST, reward, f"train.output_dir={out}", timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    steps = _steps(out)
-    assert len(steps) == 2 and "rewards/accuracy.py:accuracy_reward/mean" in json.dumps(steps), steps
-    ran = run_grpo("eval", "quickstart", "--base", "--n", "2", "--num-prompts", "2", "--max-tokens", "8",
-                   "--output-dir", str(tmp_path / "eval"), *TINY_MODEL, "data.args={num_samples=64}", reward,
-                   timeout=240)
-    assert ran.returncode == 0, ran.stderr[-3000:]
 
 
 @pytest.mark.slow
