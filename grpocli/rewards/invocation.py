@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpocli.rewards import watchdog
-from grpocli.rewards.watchdog import WATCHDOG_SIGNAL, Deadline, call_in_main_thread, in_main_thread, refuses_threads
+from grpocli.rewards.watchdog import Deadline, call_in_main_thread, in_main_thread, refuses_threads
 
 LOOP_GRACE_S = 5.0  # how long past the longest timeout to wait for a loop that should have answered
 

@@ -20,7 +20,7 @@ from cli_runner import ROOT
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
 from grpocli.registry.names import Registry
-from grpocli.rewards import RewardFn, invocation, resolve, score
+from grpocli.rewards import RewardFn, invocation, resolve, score, watchdog
 from grpocli.rewards.builtin import length, math_accuracy
 
 PROMPTS, COMPLETIONS = ["p", "p", "q"], ["a", "bb", "ccc"]
@@ -157,7 +157,7 @@ def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout(
     assert "reward 'spins' timed out: no result within 1 s on row 2 (completion 'ccc')" in text, text
     assert "test_reward_hangs.py:" in text  # where it was when stopped
     assert threading.active_count() == threads  # nothing left running
-    assert signal.getsignal(invocation.WATCHDOG_SIGNAL) in (signal.SIG_DFL, None)  # the handler is put back
+    assert signal.getsignal(watchdog.WATCHDOG_SIGNAL) in (signal.SIG_DFL, None)  # the handler is put back
 
 
 @pytest.mark.parametrize("fn, key", [(alarmed, "score from the main thread"), (alarmed_async, "make it a plain def")])
