@@ -145,7 +145,7 @@ def alarmed_then_spins(prompts, completions, **kwargs):
     return [1.0] * len(completions)
 
 
-def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout():
+def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout(capsys):
     assert score([RewardFn("alarmed", alarmed, timeout=5)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
     assert id(alarmed) in invocation._main_thread_only  # from now on straight to the main thread
     assert score([RewardFn("alarmed", alarmed, timeout=5)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
@@ -158,6 +158,9 @@ def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout(
     assert "test_reward_hangs.py:" in text  # where it was when stopped
     assert threading.active_count() == threads  # nothing left running
     assert signal.getsignal(watchdog.WATCHDOG_SIGNAL) in (signal.SIG_DFL, None)  # the handler is put back
+    none = score([RewardFn("spins", alarmed_then_spins, timeout=1, on_error="none")], PROMPTS, COMPLETIONS, {})
+    assert none.per_reward["spins"] == [None] * 3 and none.errors == {"spins": 3}
+    assert "the call was stopped" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fn, key", [(alarmed, "score from the main thread"), (alarmed_async, "make it a plain def")])
