@@ -2,7 +2,8 @@
 
 ``path`` may hold ``{split}`` (``data/{split}.jsonl``) so that train and test come from their
 own files, or name a directory, which `datasets` splits by file name (train.jsonl, test.jsonl;
-see datasets' "data_files" pattern resolution).
+see datasets' "data_files" pattern resolution), or a folder written by ``Dataset.save_to_disk`` /
+``DatasetDict.save_to_disk`` (grpocli.data.saved).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.data.columns import mixed_type, mixed_type_error
 from grpocli.data.defects import check_load_args, check_text, explain
+from grpocli.data.saved import check_has_data, load_saved, saved_kind
 from grpocli.errors import UserError
 
 if TYPE_CHECKING:
@@ -32,6 +34,9 @@ def load_local(split: str, seed: int, *, path: str, **load_args: Any) -> dataset
 
     file = Path(path.format(split=split) if "{split}" in path else path).expanduser()
     if file.is_dir():
+        kind = saved_kind(file)
+        if kind is not None:
+            return load_saved(file, kind, split, load_args)
         return _load_directory(file, split, load_args)
     if not file.is_file():
         raise UserError(
@@ -66,6 +71,7 @@ def _load_directory(directory: Path, split: str, load_args: dict[str, Any]) -> d
 
     check_load_args(None, load_args, directory)
     files = _data_files(directory)
+    check_has_data(directory, files)
     _check_one_file_type(directory, files)
     for file in files:
         check_text(file, load_args)

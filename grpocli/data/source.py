@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.data.columns import check_prompts, mixed_type, mixed_type_error
 from grpocli.data.files import BUILDERS
+from grpocli.data.saved import saved_kind
 from grpocli.errors import UserError
 from grpocli.registry.contracts import DATASET, Resolved, check
 
@@ -96,14 +97,16 @@ def _check_single_file(entry: Entry, args: dict[str, Any], data: DataSection, sp
     if entry.name != "local" or split == data.split:
         return
     path = str(args.get("path", ""))
-    if "{split}" in path or Path(path).expanduser().is_dir():
+    folder = Path(path).expanduser()
+    if "{split}" in path or (folder.is_dir() and saved_kind(folder) != "Dataset"):
         return
+    single = "a Dataset.save_to_disk folder" if folder.is_dir() else "a single file"
     raise UserError(
-        f"split {split!r} was asked of {path!r}, a single file that holds split "
+        f"split {split!r} was asked of {path!r}, {single} that holds split "
         f"{data.split!r} only",
         where="data.eval_split" if split == data.eval_split else "data.dataset",
         valid='a path with {split}, e.g. "data/{split}.jsonl" (data/train.jsonl, data/test.jsonl), '
-        "or a directory of files named by split",
+        "a directory of files named by split, or a DatasetDict.save_to_disk folder",
         hint=f"or set data.eval_split = {data.split!r} to evaluate on the training file itself",
     )
 

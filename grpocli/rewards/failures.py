@@ -11,12 +11,14 @@ run, and at MAX_LEFT_RUNNING the run stops, before they take the CPU and memory 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
-from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at, runs_inline
+from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at
+from grpocli.rewards.watchdog import refuses_threads
 
 if TYPE_CHECKING:
     from grpocli.rewards.scoring import RewardFn
@@ -77,27 +79,21 @@ def _failure(i: int, rf: RewardFn, exc: BaseException, timeout: float | None,
         return (f"raised TypeError: {exc}",
                 (f"add **kwargs to the function's parameters: like TRL, it receives every dataset column "
                  f"({', '.join(sorted(columns)) or 'none'}) and its args by name"))
-    if _signals_off_the_main_thread(exc) and (is_async(rf.fn) or (timeout is not None and not runs_inline(rf.fn))):
-        return f"raised {type(exc).__name__}: {exc}", _main_thread_hint(i, rf, timeout)
+    if refuses_threads(exc):
+        return f"raised {type(exc).__name__}: {exc}", _main_thread_hint(i, rf)
     return f"raised {type(exc).__name__}: {exc}", f"fix the function, or {none}"
 
 
-def _signals_off_the_main_thread(exc: BaseException) -> bool:
-    """Whether ``exc`` is Python (or math-verify) refusing a signal handler or alarm outside the
-    main thread: 'signal only works in main thread of the main interpreter'."""
-    text = str(exc).lower()
-    return isinstance(exc, ValueError) and "signal" in text and "thread" in text
-
-
-def _main_thread_hint(i: int, rf: RewardFn, timeout: float | None) -> str:
+def _main_thread_hint(i: int, rf: RewardFn) -> str:
     why = ("it sets a signal handler or alarm (signal.signal / signal.alarm, as math-verify's parse and verify "
            "do with their default timeouts), which Python allows only in the main thread")
-    key = f"set timeout = 0 in [[rewards]] entry {i} (rewards[{i}].timeout = 0)"
     if is_async(rf.fn):
-        return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def and "
-                f"{key}, which runs it in the main thread")
-    return (f"{why}, and rewards[{i}].timeout = {timeout:g} s runs it in a thread of its own: {key} to run it in "
-            "the main thread, where its own alarm bounds it")
+        return (f"{why}, and an `async def` reward runs on the event loop's thread: make it a plain def, which "
+                "grpo runs in the main thread (its rewards[{i}].timeout still holds)".replace("{i}", str(i)))
+    return (f"{why}; grpo runs such a reward in the main thread, but this call came from another thread "
+            f"({threading.current_thread().name}): score from the main thread, or turn its own alarms off "
+            "(math-verify: parse(..., parsing_timeout=None), verify(..., timeout_seconds=None)) and let "
+            f"rewards[{i}].timeout bound it")
 
 
 def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | None, n: int) -> None:
@@ -105,6 +101,11 @@ def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | Non
     seconds = timeout if timeout is not None else exc.seconds
     raise_it = (f"if it is only slow, raise rewards[{i}].timeout (now {seconds:g} s; 0 = no limit); if it hangs "
                 "or spins (a network call without a timeout, a lock, a loop that never ends), fix the function")
+    if exc.stopped:
+        print(f"warning: reward {rf.name!r} timed out (no result within {seconds:g} s) on a batch of {n} completions "
+              f"and scores it None (on_error = \"none\"); the call was stopped{_origin(exc)}; {raise_it}",
+              file=sys.stderr, flush=True)
+        return
     if exc.still_running >= MAX_LEFT_RUNNING:
         raise UserError(
             f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {exc.still_running} of its "

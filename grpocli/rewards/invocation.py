@@ -14,7 +14,10 @@ ProcessExit in this process instead (a process forked meanwhile, e.g. by multipr
 exits for real); what no Python code can stop (a signal, a crash in C) is left to the launcher's
 report (grpocli.launch.processes), which names the reward through ``before``.
 A function marked ``bounds_own_time = True`` (math-verify's signal alarms need the main
-thread) always runs in the calling thread.
+thread) always runs in the calling thread. A sync reward that refuses to run in a thread of its
+own (it sets a signal handler or alarm: math-verify's ``parse``/``verify`` written the usual way)
+is called again in the main thread, and always there from then on, its timeout enforced by a
+watchdog that stops the call (grpocli.rewards.watchdog).
 
 A call that timed out may go on in its thread; ``RewardTimeout.still_running`` counts the calls
 of that function left running so, for the caller to warn and to stop before they eat the run.
@@ -35,6 +38,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from grpocli.rewards import watchdog
+from grpocli.rewards.watchdog import Deadline, call_in_main_thread, in_main_thread, refuses_threads
+
 LOOP_GRACE_S = 5.0  # how long past the longest timeout to wait for a loop that should have answered
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -47,6 +53,7 @@ _real_exit = os._exit
 _exit_guards = 0  # call_all calls under way (os._exit is replaced while > 0)
 _exit_owner = os.getpid()
 _exit_lock = threading.Lock()
+_main_thread_only: set[int] = set()  # id() of the sync rewards that refused to run in a thread
 
 
 @dataclass
@@ -60,12 +67,13 @@ class RewardTimeout(TimeoutError):
     """A call that gave no result within its timeout; ``stuck_at`` is 'file:line' where it was
     waiting, ``blocked_loop`` says the event loop of the async rewards stopped answering (a
     reward blocked it), so calling again would block again; ``still_running`` is how many calls
-    of the function that timed out (this one included) still run in threads left behind."""
+    of the function that timed out (this one included) still run in threads left behind;
+    ``stopped`` says the call was stopped (it ran in the main thread): nothing goes on."""
 
     def __init__(self, seconds: float, stuck_at: str | None = None, blocked_loop: bool = False,
-                 still_running: int = 0) -> None:
+                 still_running: int = 0, stopped: bool = False) -> None:
         self.seconds, self.stuck_at, self.blocked_loop = seconds, stuck_at, blocked_loop
-        self.still_running = still_running
+        self.still_running, self.stopped = still_running, stopped
         super().__init__(f"no result within {seconds:g} s")
 
 
@@ -192,6 +200,29 @@ def _call_sync(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | 
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit too: a reward must not end the run unnamed
             return Failed(exc)
+    if id(fn) in _main_thread_only and in_main_thread():
+        return _call_main(fn, kwargs, timeout)
+    result = _call_in_thread(fn, kwargs, timeout)
+    if isinstance(result, Failed) and refuses_threads(result.exc) and in_main_thread():
+        _main_thread_only.add(id(fn))  # as TRL calls it: in the main thread, where signals work
+        return _call_main(fn, kwargs, timeout)
+    return result
+
+
+def _call_main(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
+    """A call in the main thread that the watchdog stops at ``timeout``; the result, or Failed."""
+    try:
+        return call_in_main_thread(fn, kwargs, timeout)
+    except KeyboardInterrupt:
+        raise
+    except Deadline as exc:
+        spots = [(f.filename, f.lineno or 0) for f in traceback.extract_tb(exc.__traceback__)]
+        return Failed(RewardTimeout(timeout, place([s for s in spots if s[0] != watchdog.__file__]), stopped=True))
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too
+        return Failed(exc)
+
+
+def _call_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -207,8 +238,6 @@ def _call_sync(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | 
         _left_behind.append((fn, thread))
         return Failed(RewardTimeout(timeout, _thread_at(thread), still_running=still_running(fn)))
     return box["result"]
-
-
 
 
 @dataclass

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from grpocli.errors import UserError
 from grpocli.recipe.bounds import MAX_ABS_REWARD
 from grpocli.rewards.arguments import RESERVED, check_reward_args
+from grpocli.rewards.factories import build, is_factory
 from grpocli.rewards.failures import fail, short
 from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
 from grpocli.rewards.references import lookup
@@ -207,7 +208,9 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
     model directory (``grpocli.rewards.references``; registered names first). UserError for a
     name none of these resolves, a weight that is not finite, an unknown on_error, or an arg the
-    reward does not accept (``grpocli.rewards.arguments``). Labels are the name as written
+    reward does not accept (``grpocli.rewards.arguments``). A function that takes none of a
+    reward's keywords is a factory, called once here with its args (``grpocli.rewards.factories``),
+    and what it returns is the reward. Labels are the name as written
     (``file.py:function`` without its directory, a reward model by its directory's name); a label
     repeated gets ``label#2``, ``label#3``... so metrics stay apart.
     """
@@ -215,11 +218,13 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     for i, spec in enumerate(specs):
         found = lookup(spec, i, registry)
         _check_spec(i, spec, found.fn)
-        seen[found.label] += 1
-        label = found.label if seen[found.label] == 1 else f"{found.label}#{seen[found.label]}"
+        fn, label, args = found.fn, found.label, dict(spec.args)
+        if found.kind == "function" and is_factory(fn):  # TRL's get_soft_overlong_punishment(...) and the like
+            (fn, label), args = build(fn, label, args, i), {}
+        seen[label] += 1
+        label = label if seen[label] == 1 else f"{label}#{seen[label]}"
         timeout = float(getattr(spec, "timeout", 0) or 0) or None
-        out.append(RewardFn(label, found.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error,
-                            timeout))
+        out.append(RewardFn(label, fn, float(spec.weight), args, bool(spec.gate), spec.on_error, timeout))
     return out
 
 

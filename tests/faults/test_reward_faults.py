@@ -4,7 +4,7 @@ Each test writes a reward file, names it in the recipe as ``file.py:function`` a
 command in a subprocess on the tiny model. A reward that never returns (sync, or ``async def``)
 must end the run with exit code 2 soon after its ``rewards[i].timeout``, naming the reward, the
 row and the key to raise; one that calls sys.exit() or os._exit() must not end the run silently;
-one that sets a SIGALRM handler is told the key that lets it (``timeout = 0``); timed-out calls
+(a math-verify reward, which sets alarms, trains: tests/rewards/test_trl_reward_habits.py); timed-out calls
 left spinning are counted and stop the run before they eat it; what a reward does to the lists
 it is given never reaches the rollouts; and a plugin (installed, found by entry point) or a reward
 file whose import calls sys.exit() is named instead of ending the command with its exit code.
@@ -31,7 +31,6 @@ EXIT_WITHIN_S = 2 * TIMEOUT_S + 20
 REWARDS = '''
 import asyncio
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -68,18 +67,6 @@ def exits_hard_at_step_2(prompts, completions, trainer_state, **kwargs):
     if trainer_state.global_step >= 1:
         os._exit(7)
     return [0.0] * len(completions)
-
-
-def alarmed(prompts, completions, **kwargs):
-    def late(signum, frame):
-        raise TimeoutError("too slow")
-
-    signal.signal(signal.SIGALRM, late)  # math-verify's way to bound one answer
-    signal.alarm(5)
-    try:
-        return [float(len(c)) for c in completions]
-    finally:
-        signal.alarm(0)
 
 
 def spins(prompts, completions, **kwargs):
@@ -181,22 +168,6 @@ def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards
     assert "reward 'bad_rewards.py:exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
     assert f"at {rewards_file}:" in err and "never end the process" in err, err
     assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
-
-
-@pytest.mark.slow
-def test_a_reward_that_sets_a_signal_alarm_is_told_to_set_timeout_0(rewards_file, tmp_path):
-    done = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed"}}]',
-                    f"train.output_dir={tmp_path / 'run'}", timeout=240)
-    assert done.returncode == 2, done.stderr[-3000:]
-    err = done.stderr
-    assert "Traceback" not in err, err
-    assert "reward 'bad_rewards.py:alarmed' raised ValueError: signal only works in main thread" in err, err
-    assert "set timeout = 0 in [[rewards]] entry 0 (rewards[0].timeout = 0)" in err, err
-    assert "main thread" in err.split("next:")[-1], err
-    ok = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:alarmed", timeout=0}}]',
-                  f"train.output_dir={tmp_path / 'run0'}", timeout=240)
-    assert ok.returncode == 0, ok.stderr[-3000:]  # the advice works
-    assert len(_steps(tmp_path / "run0")) == 2
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from cli_runner import ROOT
 from grpocli.errors import UserError
 from grpocli.recipe import load_recipe
 from grpocli.registry.names import Registry
-from grpocli.rewards import RewardFn, invocation, resolve, score
+from grpocli.rewards import RewardFn, invocation, resolve, score, watchdog
 from grpocli.rewards.builtin import length, math_accuracy
 
 PROMPTS, COMPLETIONS = ["p", "p", "q"], ["a", "bb", "ccc"]
@@ -134,14 +134,52 @@ async def alarmed_async(prompts, completions, **kwargs):
     return alarmed(prompts, completions)
 
 
-@pytest.mark.parametrize("fn, key", [(alarmed, "to run it in the main thread"), (alarmed_async, "make it a plain def")])
-def test_a_reward_that_sets_an_alarm_is_told_to_run_in_the_main_thread(fn, key):
-    with pytest.raises(UserError) as info:
-        score([RewardFn("alarmed", fn, timeout=5)], PROMPTS, COMPLETIONS, {})
+def alarmed_then_spins(prompts, completions, **kwargs):
+    """Sets an alarm (so it must run in the main thread), then spins on 'ccc', catching every Exception."""
+    signal.signal(signal.SIGALRM, signal.getsignal(signal.SIGALRM))
+    while "ccc" in completions:
+        try:
+            time.sleep(0.01)
+        except Exception:  # noqa: BLE001, S110 - as math-verify catches its own errors
+            pass
+    return [1.0] * len(completions)
+
+
+def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout(capsys):
+    assert score([RewardFn("alarmed", alarmed, timeout=5)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
+    assert id(alarmed) in invocation._main_thread_only  # from now on straight to the main thread
+    assert score([RewardFn("alarmed", alarmed, timeout=5)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
+    threads, start = threading.active_count(), time.monotonic()
+    with pytest.raises(UserError) as info:  # the timeout still holds, and stops the call
+        score([RewardFn("spins", alarmed_then_spins, timeout=1)], PROMPTS, COMPLETIONS, {})
+    assert time.monotonic() - start < 8
     text = str(info.value)
+    assert "reward 'spins' timed out: no result within 1 s on row 2 (completion 'ccc')" in text, text
+    assert "test_reward_hangs.py:" in text  # where it was when stopped
+    assert threading.active_count() == threads  # nothing left running
+    assert signal.getsignal(watchdog.WATCHDOG_SIGNAL) in (signal.SIG_DFL, None)  # the handler is put back
+    none = score([RewardFn("spins", alarmed_then_spins, timeout=1, on_error="none")], PROMPTS, COMPLETIONS, {})
+    assert none.per_reward["spins"] == [None] * 3 and none.errors == {"spins": 3}
+    assert "the call was stopped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fn, key", [(alarmed, "score from the main thread"), (alarmed_async, "make it a plain def")])
+def test_a_reward_that_sets_an_alarm_off_the_main_thread_is_told_what_to_do(fn, key):
+    box = {}
+
+    def off_main():
+        try:
+            score([RewardFn("alarmed", fn, timeout=5)], PROMPTS, COMPLETIONS, {})
+        except UserError as err:
+            box["err"] = err
+
+    thread = threading.Thread(target=off_main)
+    thread.start()
+    thread.join()
+    text = str(box["err"])
     assert "raised ValueError: signal only works in main thread" in text
-    assert "set timeout = 0 in [[rewards]] entry 0 (rewards[0].timeout = 0)" in text and key in text
-    assert "test_reward_hangs.py:" in text  # the reward's line, not signal.py's
+    assert key in text and "parsing_timeout=None" in text or key == "make it a plain def", text
+    assert key in text and "test_reward_hangs.py:" in text  # the reward's line, not signal.py's
     # timeout = 0 (None here) runs it in the calling thread, this test's main thread, where the alarm works
     assert score([RewardFn("alarmed", alarmed)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
 
