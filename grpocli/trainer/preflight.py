@@ -183,6 +183,14 @@ def _check_combinations(recipe: Recipe) -> None:
     _check_loss_combinations(recipe)
 
 
+def sequence_with_token_sum(loss: str) -> str:
+    """What a sequence-level ratio with a token-summing loss computes (TRL 1.16 logs the same warning)."""
+    per_sequence = names(LOSSES, where=lambda e: not (e.sums_tokens or e.token_level_only))
+    return (f"algorithm.importance_sampling_level = 'sequence' with loss = {loss!r}: each token's term uses its "
+            "sequence's ratio and the terms are summed, so each sequence weighs by its length instead of GSPO's "
+            f"per-sequence objective (as TRL computes it; for GSPO set algorithm.loss to {' or '.join(per_sequence)})")
+
+
 def _check_loss_combinations(recipe: Recipe) -> None:
     """Loss settings that each validate but make no sense together (TRL warns or refuses); the
     rules follow from the properties of each variant's entry (grpocli.algorithms.variants)."""
@@ -198,14 +206,8 @@ def _check_loss_combinations(recipe: Recipe) -> None:
             f"loss = {a.loss!r} computes its own sequence-level weight from the token ratios; a sequence-level "
             "importance_sampling_level would be ignored", where="algorithm.importance_sampling_level",
             valid=f"'token' with {a.loss}", hint="set algorithm.importance_sampling_level = \"token\"")
-    if a.importance_sampling_level == "sequence" and loss.sums_tokens:
-        per_sequence = names(LOSSES, where=lambda e: not (e.sums_tokens or e.token_level_only))
-        raise UserError(
-            f"importance_sampling_level = 'sequence' with loss = {a.loss!r} sums per-token terms, which "
-            "weighs each sequence by its length instead of optimising GSPO's per-sequence objective",
-            where="algorithm.importance_sampling_level",
-            valid=f"'sequence' with {', '.join(per_sequence)} (grpo: GSPO); 'token' with any loss",
-            hint="set algorithm.loss = \"grpo\" for GSPO (or \"luspo\"), or importance_sampling_level = \"token\"")
+    if a.importance_sampling_level == "sequence" and loss.sums_tokens:  # TRL 1.16 warns and runs it: so do we
+        print(f"note: {sequence_with_token_sum(a.loss)}", file=sys.stderr, flush=True)
     for key in ("delta", "clip_ratio_c"):
         if getattr(a, key) is not None and not loss.clipped:
             clipped = ", ".join(names(LOSSES, where=lambda e: e.clipped))
