@@ -207,16 +207,24 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
     model directory (``grpocli.rewards.references``; registered names first). UserError for a
     name none of these resolves, a weight that is not finite, an unknown on_error, or an arg the
-    reward does not accept (``grpocli.rewards.arguments``). Labels are the name as written
-    (``file.py:function`` without its directory, a reward model by its directory's name); a label
-    repeated gets ``label#2``, ``label#3``... so metrics stay apart.
+    reward does not accept (``grpocli.rewards.arguments``). Labels are TRL's: a function's name
+    (a registered reward's name, a reward model's directory name); where two different rewards share
+    one, each takes its qualified label (``file.py:function`` without its directory, ``module:function``),
+    and a label still repeated gets ``label#2``, ``label#3``... so metrics stay apart.
     """
-    out, seen = [], Counter()
+    found_all = []
     for i, spec in enumerate(specs):
         found = lookup(spec, i, registry)
         _check_spec(i, spec, found.fn)
-        seen[found.label] += 1
-        label = found.label if seen[found.label] == 1 else f"{found.label}#{seen[found.label]}"
+        found_all.append(found)
+    sources: dict[str, set[str]] = {}  # label -> the rewards that have it
+    for found in found_all:
+        sources.setdefault(found.label, set()).add(found.qualified or found.label)
+    out, seen = [], Counter()
+    for spec, found in zip(specs, found_all):
+        base = found.qualified or found.label if len(sources[found.label]) > 1 else found.label
+        seen[base] += 1
+        label = base if seen[base] == 1 else f"{base}#{seen[base]}"
         timeout = float(getattr(spec, "timeout", 0) or 0) or None
         out.append(RewardFn(label, found.fn, float(spec.weight), dict(spec.args), bool(spec.gate), spec.on_error,
                             timeout))
