@@ -48,6 +48,7 @@ from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.metrics import (
+    computed_metrics,
     cycle_shares,
     group_metrics,
     length_metrics,
@@ -325,20 +326,17 @@ class Loop:
         s, r = self.s, self.s.recipe
         p, step = s.parallel, s.state.step
         self.doing("metrics (every process's figures gathered)", done=True)
-        tokens = max(stats["tokens"], 1.0)
         seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
             **reward_summary(p, sl.scored), **length_metrics(p, sl.scored.rollouts),
             **group_metrics(p, sl.advantages, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
-            "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
-            "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
-            "clip_ratio/region_mean": stats["clip_region"] / tokens,
+            **computed_metrics(stats),
             "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
             **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio") if k in stats},
             "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info,
-            "tokens_per_second": completion_tokens / step_time if step_time else 0.0,
+            "tokens_per_second": completion_tokens / step_time if step_time else 0.0, "step_time": step_time,
         }
         if stats["skipped"] and stats["tokens"]:
             s.nonfinite(metrics)

@@ -124,7 +124,7 @@ def _check_timed_out(done, path: Path, function: str, ended: float) -> None:
     assert done.returncode == 2, done.stderr[-3000:]
     err = done.stderr
     assert "Traceback" not in err, err
-    assert f"reward 'bad_rewards.py:{function}' timed out: no result within {TIMEOUT_S} s" in err, err
+    assert f"reward '{function}' timed out: no result within {TIMEOUT_S} s" in err, err
     assert "on row 0 (completion " in err, err
     assert f"raise rewards[0].timeout (now {TIMEOUT_S} s" in err, err
     assert f"(waiting at {path}:" in err, err  # the line the reward hangs on
@@ -178,7 +178,7 @@ def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
     err = done.stderr
     assert "Traceback" not in err, err
-    assert "reward 'bad_rewards.py:exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
+    assert "reward 'exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
     assert f"at {rewards_file}:" in err and "never end the process" in err, err
     assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
 
