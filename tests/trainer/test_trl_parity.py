@@ -73,6 +73,13 @@ def scored_inputs() -> Scored:
 def run_case(case: dict, kind: str, micro_batch_size: int | None,
              extra: tuple[str, ...] = ()) -> tuple[torch.Tensor, float, torch.Tensor]:
     """(advantages [B], loss, d loss / d new log-probs [B, T]) as grpo's training step computes them."""
+    advantages, stats, grad = step_case(case, kind, micro_batch_size, extra)
+    return advantages, stats["loss"], grad
+
+
+def step_case(case: dict, kind: str, micro_batch_size: int | None,
+              extra: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """(advantages [B], the optimizer step's figures, d loss / d new log-probs [B, T])."""
     recipe = recipe_for(case, extra)
     if micro_batch_size is None:
         recipe.train.max_tokens_per_micro_batch = 24
@@ -102,7 +109,7 @@ def run_case(case: dict, kind: str, micro_batch_size: int | None,
     stats = optimizer_step(parallel, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, frozen, settings,
                            max_grad_norm=0.0, forward=forward)
     grad = new.grad if new.grad is not None else torch.zeros_like(new)
-    return advantages.values.double(), stats["loss"], grad
+    return advantages.values.double(), stats, grad
 
 
 def case_id(case: dict) -> str:
@@ -158,7 +165,7 @@ def test_entropy_bonus_and_high_entropy_tokens_by_hand():
 
 
 # -- a sequence-level ratio with a token-summing loss: TRL 1.16 warns and runs it, and so does grpo --------
-def trl_loss(case: dict, advantages: torch.Tensor) -> tuple[float, torch.Tensor]:
+def trl_loss(case: dict, advantages: torch.Tensor, metrics: dict | None = None) -> tuple[float, torch.Tensor]:
     """(loss, d loss / d new log-probs) from TRL 1.16's own GRPOTrainer._compute_loss on the oracle's
     inputs: one process, no accumulation, the policy's forward pass replaced by the oracle's log-probs."""
     from collections import defaultdict
@@ -192,6 +199,8 @@ def trl_loss(case: dict, advantages: torch.Tensor) -> tuple[float, torch.Tensor]
         inputs["old_per_token_logps"] = torch.tensor(INPUTS["old"], dtype=torch.float64)
     loss = GRPOTrainer._compute_loss(trainer, None, inputs)
     loss.backward()
+    if metrics is not None:
+        metrics.update({k: v[-1] for k, v in trainer._metrics["train"].items()})
     return float(loss.detach()), new.grad
 
 
@@ -206,10 +215,15 @@ TOKEN_SUM_SEQUENCE = [
 def test_sequence_ratio_with_a_token_sum_matches_trl(case):
     """TRL's _compute_loss on the same inputs (the advantages grpo computes, which the oracle checks)."""
     advantages, _, _ = run_case(case, "padded", 100)
-    want_loss, want_grad = trl_loss(case, advantages)
+    trl: dict[str, float] = {}
+    want_loss, want_grad = trl_loss(case, advantages, trl)
     assert want_grad.abs().sum() > 0  # the case moves the policy
     for kind, size in LAYOUTS[:1] if case["loss_type"] == "bnpo" else LAYOUTS:
-        _, loss, grad = run_case(case, kind, size)
+        _, stats, grad = step_case(case, kind, size)
+        loss = stats["loss"]
+        if "clip_ratio/low_min" in trl:  # TRL's clipped losses: the per-sequence extremes, as TRL logs them
+            assert stats["clip_low_min"] == pytest.approx(trl["clip_ratio/low_min"], abs=TOL), (kind, size)
+            assert stats["clip_high_max"] == pytest.approx(trl["clip_ratio/high_max"], abs=TOL), (kind, size)
         assert loss == pytest.approx(want_loss, rel=0, abs=TOL), (kind, size)
         torch.testing.assert_close(grad, want_grad, rtol=0, atol=TOL, msg=lambda m: f"{kind}, {size}: {m}")
 
@@ -217,11 +231,18 @@ def test_sequence_ratio_with_a_token_sum_matches_trl(case):
 def test_trl_oracle_call_reproduces_the_stored_cases():
     """trl_loss computes what the stored oracle holds for the cases TRL's file has (so the new cases are
     TRL's numbers, not a second copy of grpo's)."""
+    clipped = 0
     for case in [c for c in DATA["cases"] if c["loss_type"] in ("dapo", "luspo", "grpo")][::5]:
-        want_loss, want_grad = trl_loss(case, torch.tensor(case["advantages"], dtype=torch.float64))
+        trl: dict[str, float] = {}
+        want_loss, want_grad = trl_loss(case, torch.tensor(case["advantages"], dtype=torch.float64), trl)
         assert want_loss == pytest.approx(case["loss"], rel=0, abs=TOL), case_id(case)
         torch.testing.assert_close(want_grad, torch.tensor(case["grad_new_logps"], dtype=torch.float64),
                                    rtol=0, atol=TOL)
+        _, stats, _ = step_case(case, "packed", None)  # TRL's clip_ratio/low_min and high_max, from grpo's step
+        assert stats["clip_low_min"] == pytest.approx(trl["clip_ratio/low_min"], abs=TOL), case_id(case)
+        assert stats["clip_high_max"] == pytest.approx(trl["clip_ratio/high_max"], abs=TOL), case_id(case)
+        clipped += trl["clip_ratio/high_max"] > 0
+    assert clipped  # some case clips
 
 
 def test_what_trl_refuses_stays_refused_and_token_sums_run_with_a_note(capsys):
