@@ -57,6 +57,7 @@ from grpocli.trainer.metrics import (
     training_parts,
     write_rollouts,
 )
+from grpocli.parallel.trackers import prefixed
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
@@ -346,7 +347,7 @@ class Loop:
             write_rollouts(s.run, step, sl.scored, sl.advantages, p,  # every process: the main one writes all groups
                            prompt_column=r.data.prompt_column)
         if r.log.report_to:
-            p.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            p.accelerator.log(prefixed(metrics), step=step)  # TRL's train/ names
         s.show(metrics)
 
     def maybe_evaluate(self, *, since: int) -> None:
@@ -357,6 +358,8 @@ class Loop:
         evaluated = self.evaluation.run(s.state.step)
         if s.parallel.main:
             s.metrics.write({"step": s.state.step, **evaluated})
+        if s.recipe.log.report_to:
+            s.parallel.accelerator.log(prefixed(evaluated), step=s.state.step)  # eval/ names, as TRL
 
     def maybe_checkpoint(self, *, now: bool = False) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state

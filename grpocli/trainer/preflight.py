@@ -181,6 +181,22 @@ def _check_combinations(recipe: Recipe) -> None:
             f"({', '.join(summing)})",
         )
     _check_loss_combinations(recipe)
+    _check_trackers(recipe.log.report_to)
+
+
+def _check_trackers(report_to: list[str]) -> None:
+    """Every tracker of log.report_to is installed (TRL raises; Accelerate alone would warn and drop
+    it, and the run would log nowhere): UserError before any model loads. Each name is its module."""
+    import importlib.util
+
+    missing = [name for name in report_to if importlib.util.find_spec(name) is None]
+    if missing:
+        have = [name for name in ("tensorboard", "wandb", "trackio") if importlib.util.find_spec(name) is not None]
+        raise UserError(
+            f"log.report_to names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed",
+            where="log.report_to", valid=f"installed trackers: {', '.join(have) or 'none'}",
+            hint=f"pip install {' '.join(missing)} (or 'grpocli[trackers]'), or remove {', '.join(missing)} from "
+            "log.report_to (log.report_to=[] logs to metrics.jsonl only)")
 
 
 def sequence_with_token_sum(loss: str) -> str:

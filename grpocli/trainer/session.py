@@ -125,7 +125,7 @@ class Session:
         resume_from = resume_point(run, r.train.resume, r.train.steps)
         changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
         checked = preflight(r)  # names first: a typo should not cost a model load
-        parallel = start(r, run.root)
+        parallel = start(r, run.root, resolved.name)
         _check_memory(r, parallel)  # a recipe that cannot fit stops before a model loads
         set_seed(r.train.seed)
         if r.train.torch_threads:
