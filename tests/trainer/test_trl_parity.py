@@ -177,7 +177,9 @@ def trl_loss(case: dict, advantages: torch.Tensor, metrics: dict | None = None) 
     on_policy = case["regime"] == "on_policy"
     new = torch.tensor(INPUTS["old" if on_policy else "new_off_policy"], dtype=torch.float64, requires_grad=True)
     entropies = torch.tensor(INPUTS["entropies"], dtype=torch.float64)
-    same = lambda x, **_: x  # noqa: E731  (gather / reduce over one process)
+    def same(x, **_):  # gather / reduce over one process
+        return x
+
     eps_high = case["epsilon_high"] if case["epsilon_high"] is not None else case["epsilon"]
     trainer = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (new, entropies, None),
@@ -225,7 +227,8 @@ def test_sequence_ratio_with_a_token_sum_matches_trl(case):
             assert stats["clip_low_min"] == pytest.approx(trl["clip_ratio/low_min"], abs=TOL), (kind, size)
             assert stats["clip_high_max"] == pytest.approx(trl["clip_ratio/high_max"], abs=TOL), (kind, size)
         assert loss == pytest.approx(want_loss, rel=0, abs=TOL), (kind, size)
-        torch.testing.assert_close(grad, want_grad, rtol=0, atol=TOL, msg=lambda m: f"{kind}, {size}: {m}")
+        where = f"{kind}, {size}"
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=TOL, msg=lambda m, where=where: f"{where}: {m}")
 
 
 def test_trl_oracle_call_reproduces_the_stored_cases():
