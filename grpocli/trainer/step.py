@@ -199,6 +199,7 @@ def optimizer_step(
     # [2] low_min, -high_max: the least of each (idle rows: advantage 0, no clipped token: share 0)
     least = torch.tensor([0.0 if batch.idle_sequences else math.inf, math.inf], dtype=torch.float64,
                          device=parallel.device)
+    flip = torch.tensor([1.0, -1.0], dtype=torch.float64, device=parallel.device)  # (low_min, high_max) -> least
     passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
     for k, mb in enumerate(passes):
         last = k == len(passes) - 1
@@ -210,8 +211,7 @@ def optimizer_step(
                     loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
                 stats = stats.to(totals.device)
                 totals += stats[: len(STAT_KEYS)]
-                least = torch.minimum(least, stats[len(STAT_KEYS):] * torch.tensor([1.0, -1.0], device=least.device,
-                                                                                    dtype=least.dtype))
+                least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
             parallel.accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
     #    which skips a non-finite update itself; clipping and step only report and do nothing)
