@@ -1,7 +1,7 @@
 """Trackers as a TRL user finds them (log.report_to): TRL's train/ and eval/ keys, WANDB_PROJECT
 (the recipe's name where unset), report_to as a string or a list, and a tracker that is not
 installed stopping the run with exit 2 before any model loads. The wandb run is a real one, in
-offline mode, read back from the .wandb file it writes."""
+offline mode, read back from the .wandb file it writes; the same run writes TensorBoard's files."""
 
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ def wandb_records(path) -> list:
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_has_trls_keys_and_project(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install 'grpocli[trackers]')")
+def test_tracker_runs_have_trls_keys_and_project(tmp_path, monkeypatch):
+    """One 1-step run with an evaluation logs to TensorBoard (event files under the run) and to wandb
+    (an offline run, read back), whichever of the two is installed."""
+    chosen = [name for name in ("tensorboard", "wandb") if importlib.util.find_spec(name) is not None]
+    if not chosen:
+        pytest.skip("neither tensorboard nor wandb is installed (pip install 'grpocli[trackers]')")
     from grpocli.trainer.loop import train
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -51,9 +55,13 @@ def test_wandb_offline_run_has_trls_keys_and_project(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_PROJECT", "from-wandb-project")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
-    train(load_recipe("quickstart", [*FAST, f"train.output_dir={out}", 'log.report_to="wandb"', "train.steps=1",
-                                     "eval.every=1",
-                                     "eval.num_prompts=2", "eval.n=2"]))
+    train(load_recipe("quickstart", [*FAST, f"train.output_dir={out}", f"log.report_to={json.dumps(chosen)}",
+                                     "train.steps=1", "eval.every=1", "eval.num_prompts=2", "eval.n=2"]))
+    if "tensorboard" in chosen:  # under the run, in a folder named for the recipe
+        events = list((out / "quickstart").glob("events.out.tfevents.*"))
+        assert events and events[0].stat().st_size > 0
+    if "wandb" not in chosen:
+        return
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     records = wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]

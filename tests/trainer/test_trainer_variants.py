@@ -134,8 +134,3 @@ def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
     assert all(m["frac_reward_zero_std"] == 1.0 for m in metrics if "frac_reward_zero_std" in m)
 
 
-def test_tensorboard_tracker_through_accelerate(tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install 'grpocli[trackers]')")
-    run(tmp_path, 'log.report_to=["tensorboard"]')
-    events = list((tmp_path / "run").rglob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
