@@ -201,10 +201,9 @@ def _check_trackers(report_to: list[str]) -> None:
 
 def sequence_with_token_sum(loss: str) -> str:
     """What a sequence-level ratio with a token-summing loss computes (TRL 1.16 logs the same warning)."""
-    per_sequence = names(LOSSES, where=lambda e: not (e.sums_tokens or e.token_level_only))
     return (f"algorithm.importance_sampling_level = 'sequence' with loss = {loss!r}: each token's term uses its "
             "sequence's ratio and the terms are summed, so each sequence weighs by its length instead of GSPO's "
-            f"per-sequence objective (as TRL computes it; for GSPO set algorithm.loss to {' or '.join(per_sequence)})")
+            "per-sequence objective (as TRL computes it; for the GSPO paper's setup set algorithm.loss = \"grpo\")")
 
 
 def _check_loss_combinations(recipe: Recipe) -> None:

@@ -255,7 +255,7 @@ def test_what_trl_refuses_stays_refused_and_token_sums_run_with_a_note(capsys):
     for loss in ("dapo", "bnpo", "dr_grpo", "cispo"):  # TRL: a warning, and the run goes on
         _check_combinations(recipe_for({**ON_POLICY_DAPO, "loss_type": loss, "importance_sampling_level": "sequence"}))
         note = capsys.readouterr().err
-        assert f"loss = '{loss}'" in note and "weighs by its length" in note and "grpo or" in note
+        assert f"loss = '{loss}'" in note and "weighs by its length" in note and 'loss = "grpo"' in note
     vespo = load_recipe("quickstart", ["algorithm.loss='vespo'", "generation.backend='vllm'",
                                        "vllm.importance_sampling_mode='sequence_mask'"]).recipe
     with pytest.raises(UserError, match="token"):  # TRL raises ValueError for this one
