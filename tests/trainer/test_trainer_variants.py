@@ -14,9 +14,10 @@ from grpocli.trainer.loop import train
 
 TRL_METRICS = {
     "reward", "reward_std", "rewards/length/mean", "rewards/length/std", "kl", "entropy",
-    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-    "completions/mean_length", "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "completions/mean_terminated_length", "frac_reward_zero_std",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+    "clip_ratio/high_max", "completions/mean_length", "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length", "step_time", "frac_reward_zero_std",
     "num_tokens", "grad_norm", "learning_rate", "real_batch_size_ratio", "time/generation",
     "time/rewards", "time/logprobs", "time/training", "time/weight_sync", "tokens_per_second",
 }
