@@ -42,9 +42,9 @@ class Loss:
     aggregation: str
     summary: str                      # for the schema's description and the docs
     clipped: bool = False             # the clipped surrogate: algorithm.delta and clip_ratio_c apply
-    sums_tokens: bool = False         # sums token terms: a sequence-level ratio would weigh each
-                                      # sequence by its length (refused with importance_sampling_level
-                                      # = 'sequence')
+    sums_tokens: bool = False         # sums token terms: a sequence-level ratio weighs each sequence
+                                      # by its length (run with a note, as TRL warns, with
+                                      # importance_sampling_level = 'sequence')
     token_level_only: bool = False    # builds its own sequence weight from the token ratios (and the
                                       # engine's token weights): 'token' importance sampling only
     own_engine_weights: bool = False  # weighs engine importance weights into its own objective

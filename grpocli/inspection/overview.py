@@ -318,6 +318,12 @@ def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[st
             resume = (f"; resume from step-{latest[0]} with `grpo train` and the same train.output_dir"
                       if latest else "")
             notes.append(f"the run stopped at step {logged} of {planned}{resume}")
+    idle = [m.get("step") for m in metrics.history if "skipped_update" in m and "entropy" not in m]
+    if idle:
+        shown = ", ".join(map(str, idle[:5])) + (f", ... ({len(idle)} in all)" if len(idle) > 5 else "")
+        notes.append(f"step{'s' if len(idle) > 1 else ''} {shown} "
+                     "computed no rows (every group flat, or no loss token): no kl, entropy or clip_ratio is "
+                     "logged for them, and the weights did not move")
     for damaged in run.newest_intact(resume=False)[1]:
         notes.append(f"checkpoint {damaged.render()}; resume and `grpo eval` skip it")
     return notes

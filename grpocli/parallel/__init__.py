@@ -5,6 +5,7 @@
     deepspeed.py  DeepSpeed: ZeRO-2 / ZeRO-3 from accelerate's DeepSpeed config
     adapters.py   the LoRA adapters of an FSDP2 policy, in checkpoints
     status.py     what each process is doing, for a collective that waits too long
+    trackers.py   log.report_to: Accelerate's trackers with TRL's key names and project variables
 
 The step, the frozen log-prob passes, generation, evaluation, checkpoints and weight syncs ask
 the object `start` returns; no other module tests which strategy runs.
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe
 
 
-def start(recipe: Recipe, project_dir: Path) -> Parallel:
+def start(recipe: Recipe, project_dir: Path, recipe_name: str = "grpo") -> Parallel:
     """Open accelerate for this process (its launch decides the processes and their group) and
     pick the strategy: DeepSpeed where accelerate's config asks for it, FSDP2 where
     train.sharding or accelerate's config does, else DDP (or one process). UserError for
@@ -31,10 +32,12 @@ def start(recipe: Recipe, project_dir: Path) -> Parallel:
 
     from grpocli.parallel.deepspeed import DeepSpeed, accelerator_options
     from grpocli.parallel.fsdp2 import FSDP2, Fsdp2, sharding_of
+    from grpocli.parallel.trackers import trackers
 
     t = recipe.train
     accelerator = Accelerator(**accelerator_options(t.collective_timeout), mixed_precision=t.mixed_precision,
-                              log_with=recipe.log.report_to or None, project_dir=str(project_dir))
+                              log_with=trackers(recipe.log.report_to, recipe_name, project_dir) or None,
+                              project_dir=str(project_dir))
     sharding = sharding_of(t.sharding, accelerator)
     if accelerator.state.deepspeed_plugin is not None:
         return DeepSpeed(accelerator, recipe)

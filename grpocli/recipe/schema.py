@@ -388,7 +388,10 @@ class TrainSection(Section):
 class LogSection(Section):
     rollouts_every: int = Field(10, ge=0, description="Write rollouts every N steps (0: never).")
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(
-        default_factory=list, description="Trackers, through Accelerate."
+        default_factory=list,
+        description="Trackers, through Accelerate: a name or a list of names (TRL's report_to: 'none' is none, "
+        "'all' every one installed). Keys as TRL's (train/..., eval/...); the project is WANDB_PROJECT or "
+        "TRACKIO_PROJECT, else the recipe's name. One that is not installed stops the run before the model loads.",
     )
     progress: Literal["auto", "rich", "plain", "none"] = Field(
         "auto", description="Terminal display: rich on a TTY, plain lines otherwise ('auto')."
@@ -399,6 +402,20 @@ class LogSection(Section):
         "total) as they train: a rich table on a terminal, plain text otherwise (TRL's num_completions_to_print "
         "with log_completions); 0: none. log.progress = 'none' prints none.",
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """TRL's forms: a name, a list, 'none' (or "") for none, 'all' for every installed tracker."""
+        import importlib.util
+
+        if isinstance(value, str):
+            value = [] if value.strip() in ("", "none") else [value.strip()]
+        if isinstance(value, list) and "all" in value:
+            value = [n for n in ("tensorboard", "wandb", "trackio") if importlib.util.find_spec(n) is not None]
+        if isinstance(value, list) and "none" in value:
+            value = [v for v in value if v != "none"]
+        return value
 
 
 #: TRL's `vllm_importance_sampling_mode` names (grpocli.algorithms.IMPORTANCE_SAMPLING_MODES).

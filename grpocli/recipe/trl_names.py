@@ -41,7 +41,7 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "save_steps": ("train.save_steps", "TRL's default 500; grpo's 0 (at the end only)"),
     "save_total_limit": ("train.save_total_limit", ""),
     "logging_steps": (None, "every step is logged to metrics.jsonl"),
-    "report_to": ("log.report_to", ""),
+    "report_to": ("log.report_to", "a name or a list, 'none', 'all'; keys train/... and eval/... as TRL's"),
     "eval_steps": ("eval.every", ""),
     "resume_from_checkpoint": ("train.resume", ""),
     # --- GRPOConfig: model and data ---
@@ -107,7 +107,8 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "vespo_lambda_pos": ("algorithm.vespo_lambda_pos", ""),
     "vespo_k_neg": ("algorithm.vespo_k_neg", ""),
     "vespo_lambda_neg": ("algorithm.vespo_lambda_neg", ""),
-    "importance_sampling_level": ("algorithm.importance_sampling_level", ""),
+    "importance_sampling_level": ("algorithm.importance_sampling_level", "'sequence' with a token-summing loss "
+                                  "(dapo, bnpo, dr_grpo, cispo) runs with TRL's note"),
     "reward_weights": ("rewards[].weight", "one weight per [[rewards]] entry"),
     "multi_objective_aggregation": ("algorithm.advantage_scale",
                                     "sum_then_normalize -> 'group' (or 'batch'), normalize_then_sum -> "

@@ -14,9 +14,12 @@ TRL's CLI writes a function as ``my_lib.rewards.custom_reward``; here a dotted n
 registered name (``countdown.equation``), so a function is written ``my_lib.rewards:custom_reward``.
 The plugin route stays the way to share rewards; these are for one's own experiments.
 
-Labels (metric names ``rewards/<label>/mean``): a registered name and ``module:function`` as
-written; ``file.py:function`` without the file's directory; a reward model by its directory's
-name (TRL's label for a reward model is the last part of its model id).
+Labels (metric names ``rewards/<label>/mean``): a registered name as written; a function by its
+name alone, as TRL labels ``reward_func.__name__`` (``reward_len`` for ``my_rewards.py:reward_len``);
+a reward model by its directory's name (TRL's label for a reward model is the last part of its
+model id). Where two rewards of a recipe would share a label, each takes its qualified one
+(``Found.qualified``: ``module:function`` as written, ``file.py:function`` without the file's
+directory), so their metrics stay apart.
 
 Light imports only: nothing here imports torch or transformers, so ``grpo train --dry-run``
 checks every name without loading a model.
@@ -55,6 +58,7 @@ class Found:
     fn: Callable[..., Any]
     label: str
     kind: Literal["registered", "function", "model"]
+    qualified: str = ""  # the label where another reward of the recipe has the same one ("" : label)
 
 
 def lookup(spec: RewardSpec, index: int, registry: Registry) -> Found:
@@ -128,11 +132,11 @@ def _function(name: str, where: str) -> Found:
             hint='e.g. name = "my_rewards:reward_len" with my_rewards.py in the working directory',
         )
     if target.endswith(".py") or "/" in target or os.sep in target:
-        module, label = _load_file(target, where), f"{Path(target).name}:{attr}"
+        module, qualified = _load_file(target, where), f"{Path(target).name}:{attr}"
     else:
-        module, label = _import(target, where), name
+        module, qualified = _import(target, where), name
     fn = _attribute(module, target, attr, where)
-    return Found(fn, label, "function")
+    return Found(fn, attr, "function", qualified)
 
 
 def _import(target: str, where: str) -> Any:

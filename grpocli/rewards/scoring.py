@@ -210,19 +210,28 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     name none of these resolves, a weight that is not finite, an unknown on_error, or an arg the
     reward does not accept (``grpocli.rewards.arguments``). A function that takes none of a
     reward's keywords is a factory, called once here with its args (``grpocli.rewards.factories``),
-    and what it returns is the reward. Labels are the name as written
-    (``file.py:function`` without its directory, a reward model by its directory's name); a label
-    repeated gets ``label#2``, ``label#3``... so metrics stay apart.
+    and what it returns is the reward. Labels are TRL's: a function's name (a registered reward's
+    name, a reward model's directory name, a factory's made function's name); where two different
+    rewards share one, each takes its qualified label (``file.py:function`` without its directory,
+    ``module:function``), and a label still repeated gets ``label#2``, ``label#3``... so metrics
+    stay apart.
     """
-    out, seen = [], Counter()
+    found_all = []
     for i, spec in enumerate(specs):
         found = lookup(spec, i, registry)
         _check_spec(i, spec, found.fn)
-        fn, label, args = found.fn, found.label, dict(spec.args)
+        found_all.append(found)
+    sources: dict[str, set[str]] = {}  # label -> the rewards that have it
+    for found in found_all:
+        sources.setdefault(found.label, set()).add(found.qualified or found.label)
+    out, seen = [], Counter()
+    for i, (spec, found) in enumerate(zip(specs, found_all)):
+        fn, args = found.fn, dict(spec.args)
+        base = found.qualified or found.label if len(sources[found.label]) > 1 else found.label
         if found.kind == "function" and is_factory(fn):  # TRL's get_soft_overlong_punishment(...) and the like
-            (fn, label), args = build(fn, label, args, i), {}
-        seen[label] += 1
-        label = label if seen[label] == 1 else f"{label}#{seen[label]}"
+            (fn, base), args = build(fn, base, args, i), {}
+        seen[base] += 1
+        label = base if seen[base] == 1 else f"{base}#{seen[base]}"
         timeout = float(getattr(spec, "timeout", 0) or 0) or None
         out.append(RewardFn(label, fn, float(spec.weight), args, bool(spec.gate), spec.on_error, timeout))
     return out

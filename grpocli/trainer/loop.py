@@ -49,6 +49,7 @@ from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_b
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.completion_log import completion_rows, print_completions
 from grpocli.trainer.metrics import (
+    computed_metrics,
     cycle_shares,
     group_metrics,
     length_metrics,
@@ -57,6 +58,7 @@ from grpocli.trainer.metrics import (
     training_parts,
     write_rollouts,
 )
+from grpocli.parallel.trackers import prefixed
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
@@ -326,20 +328,17 @@ class Loop:
         s, r = self.s, self.s.recipe
         p, step = s.parallel, s.state.step
         self.doing("metrics (every process's figures gathered)", done=True)
-        tokens = max(stats["tokens"], 1.0)
         seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
             **reward_summary(p, sl.scored), **length_metrics(p, sl.scored.rollouts),
             **group_metrics(p, sl.advantages, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
-            "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
-            "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/high_mean": stats["clip_high"] / tokens,
-            "clip_ratio/region_mean": stats["clip_region"] / tokens,
+            **computed_metrics(stats),
             "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
             **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio") if k in stats},
             "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info,
-            "tokens_per_second": completion_tokens / step_time if step_time else 0.0,
+            "tokens_per_second": completion_tokens / step_time if step_time else 0.0, "step_time": step_time,
         }
         if stats["skipped"] and stats["tokens"]:
             s.nonfinite(metrics)
@@ -351,7 +350,7 @@ class Loop:
             write_rollouts(s.run, step, sl.scored, sl.advantages, p,  # every process: the main one writes all groups
                            prompt_column=r.data.prompt_column)
         if r.log.report_to:
-            p.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+            p.accelerator.log(prefixed(metrics), step=step)  # TRL's train/ names
         s.show(metrics)
         if r.log.completions_to_print and p.main:  # TRL's num_completions_to_print
             print_completions(step, completion_rows(sl.scored, sl.advantages, r.log.completions_to_print), s.progress)
@@ -364,6 +363,8 @@ class Loop:
         evaluated = self.evaluation.run(s.state.step)
         if s.parallel.main:
             s.metrics.write({"step": s.state.step, **evaluated})
+        if s.recipe.log.report_to:
+            s.parallel.accelerator.log(prefixed(evaluated), step=s.state.step)  # eval/ names, as TRL
 
     def maybe_checkpoint(self, *, now: bool = False) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state

@@ -243,10 +243,25 @@ def length_metrics(parallel: Parallel, part: Rollouts) -> dict[str, float]:
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(truncated.float().mean()),
         "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else 0.0,
+        "completions/min_terminated_length": float(terminated.min()) if len(terminated) else 0.0,
+        "completions/max_terminated_length": float(terminated.max()) if len(terminated) else 0.0,
     }
     if part.completion_mask is not None:  # multi-turn: model and tool tokens together
         out["completions/mean_total_length"] = float(parallel.gather(part.completion_lengths()).mean())
     return out
+
+
+def computed_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """kl, entropy and TRL's clip_ratio/* from the loss tokens the step computed; none at all when it
+    computed none (every group flat, or every row masked): a 0 there would read as a collapse, so
+    the keys are absent and `grpo inspect` says which steps computed nothing."""
+    tokens = stats["tokens"]
+    if not tokens:
+        return {}
+    return {"kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
+            "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/low_min": stats["clip_low_min"],
+            "clip_ratio/high_mean": stats["clip_high"] / tokens, "clip_ratio/high_max": stats["clip_high_max"],
+            "clip_ratio/region_mean": stats["clip_region"] / tokens}
 
 
 # -- the time keys ------------------------------------------------------------------------

@@ -181,6 +181,29 @@ def _check_combinations(recipe: Recipe) -> None:
             f"({', '.join(summing)})",
         )
     _check_loss_combinations(recipe)
+    _check_trackers(recipe.log.report_to)
+
+
+def _check_trackers(report_to: list[str]) -> None:
+    """Every tracker of log.report_to is installed (TRL raises; Accelerate alone would warn and drop
+    it, and the run would log nowhere): UserError before any model loads. Each name is its module."""
+    import importlib.util
+
+    missing = [name for name in report_to if importlib.util.find_spec(name) is None]
+    if missing:
+        have = [name for name in ("tensorboard", "wandb", "trackio") if importlib.util.find_spec(name) is not None]
+        raise UserError(
+            f"log.report_to names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed",
+            where="log.report_to", valid=f"installed trackers: {', '.join(have) or 'none'}",
+            hint=f"pip install {' '.join(missing)} (or 'grpocli[trackers]'), or remove {', '.join(missing)} from "
+            "log.report_to (log.report_to=[] logs to metrics.jsonl only)")
+
+
+def sequence_with_token_sum(loss: str) -> str:
+    """What a sequence-level ratio with a token-summing loss computes (TRL 1.16 logs the same warning)."""
+    return (f"algorithm.importance_sampling_level = 'sequence' with loss = {loss!r}: each token's term uses its "
+            "sequence's ratio and the terms are summed, so each sequence weighs by its length instead of GSPO's "
+            "per-sequence objective (as TRL computes it; for the GSPO paper's setup set algorithm.loss = \"grpo\")")
 
 
 def _check_loss_combinations(recipe: Recipe) -> None:
@@ -198,14 +221,8 @@ def _check_loss_combinations(recipe: Recipe) -> None:
             f"loss = {a.loss!r} computes its own sequence-level weight from the token ratios; a sequence-level "
             "importance_sampling_level would be ignored", where="algorithm.importance_sampling_level",
             valid=f"'token' with {a.loss}", hint="set algorithm.importance_sampling_level = \"token\"")
-    if a.importance_sampling_level == "sequence" and loss.sums_tokens:
-        per_sequence = names(LOSSES, where=lambda e: not (e.sums_tokens or e.token_level_only))
-        raise UserError(
-            f"importance_sampling_level = 'sequence' with loss = {a.loss!r} sums per-token terms, which "
-            "weighs each sequence by its length instead of optimising GSPO's per-sequence objective",
-            where="algorithm.importance_sampling_level",
-            valid=f"'sequence' with {', '.join(per_sequence)} (grpo: GSPO); 'token' with any loss",
-            hint="set algorithm.loss = \"grpo\" for GSPO (or \"luspo\"), or importance_sampling_level = \"token\"")
+    if a.importance_sampling_level == "sequence" and loss.sums_tokens:  # TRL 1.16 warns and runs it: so do we
+        print(f"note: {sequence_with_token_sum(a.loss)}", file=sys.stderr, flush=True)
     for key in ("delta", "clip_ratio_c"):
         if getattr(a, key) is not None and not loss.clipped:
             clipped = ", ".join(names(LOSSES, where=lambda e: e.clipped))

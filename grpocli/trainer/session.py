@@ -132,7 +132,7 @@ class Session:
         r = resolved.recipe
         changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
         checked = early or preflight(r)  # names first: a typo should not cost a model load
-        parallel = start(r, run.root)
+        parallel = start(r, run.root, resolved.name)
         _check_memory(r, parallel)  # a recipe that cannot fit stops before a model loads
         set_seed(r.train.seed)
         if r.train.torch_threads:

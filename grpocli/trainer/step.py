@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 #: Sums accumulated over micro-batches and processes, turned into TRL's metric names.
 STAT_KEYS = ("tokens", "kl", "entropy", "clip_low", "clip_high", "clip_region", "loss")
+#: TRL's clip_ratio/low_min and /high_max: the least share of low-clipped tokens of a sequence and the
+#: largest share of high-clipped ones, over every sequence with loss tokens (after STAT_KEYS in a
+#: micro-batch's figures; the least and largest over micro-batches and processes, not sums).
+EXTREME_KEYS = ("clip_low_min", "clip_high_max")
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,8 @@ def micro_batch_loss(
     model: Any, mb: MicroBatch, frozen: tuple[torch.Tensor | None, ...], s: LossSettings, norm: LossNorm,
     forward: Forward = sequence_logprobs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This micro-batch's share of the batch loss, and masked sums for the metrics (`[7]` float64,
-    STAT_KEYS' order, on the model's device: no host sync per micro-batch); `frozen` is its
+    """This micro-batch's share of the batch loss, and masked sums for the metrics (`[9]` float64,
+    STAT_KEYS' then EXTREME_KEYS' order, on the model's device: no host sync per micro-batch); `frozen` is its
     (old_logp, ref_logp, is_weight) (`Frozen.of`)."""
     old_logp, ref_logp, is_weight = frozen
     # 1. log-probs (and entropy) under the current policy           # [n, T]
@@ -150,11 +154,17 @@ def micro_batch_loss(
         loss = loss - s.entropy_coef * (entropy * kept).sum() / max(norm.num_tokens, 1)
     with torch.no_grad():
         none = mask.new_zeros(())
-        stats = torch.stack([                                       # [7] STAT_KEYS
+        lengths = mask.sum(-1)                                      # [n]
+        counted = lengths > 0  # a sequence with no loss token has no share (TRL: NaN, left out)
+        low_share = ((low.float() * mask).sum(-1) / lengths.clamp(min=1.0))[counted]    # [k]
+        high_share = ((high.float() * mask).sum(-1) / lengths.clamp(min=1.0))[counted]  # [k]
+        stats = torch.stack([                                       # [9] STAT_KEYS, EXTREME_KEYS
             mask.sum(), (kl * mask).sum() if kl is not None else none,
             (entropy * mask).sum() if entropy is not None else none,
             (low.float() * mask).sum(), (high.float() * mask).sum(), ((low | high).float() * mask).sum(),
             loss.detach().to(mask.dtype),
+            low_share.min() if len(low_share) else none + math.inf,
+            high_share.max() if len(high_share) else none - math.inf,
         ]).double()
     return loss, stats
 
@@ -166,7 +176,8 @@ def optimizer_step(
 ) -> dict[str, float]:
     """Backward over every micro-batch (gradients reduced once, at the last), then one update.
 
-    Returns the summed STAT_KEYS over all processes, `grad_norm`, `skipped`, the packing figures
+    Returns the summed STAT_KEYS over all processes, EXTREME_KEYS (NaN where no sequence has a loss
+    token; rows not computed, whose advantage is 0, have no clipped token), `grad_norm`, `skipped`, the packing figures
     of `packing_stats` and this process's `time/forward_backward` and `time/optimizer`.
     `forward` computes a micro-batch's log-probs (the model's, unless a test gives others); `offload`
     (train.activation_offloading) takes what each forward saves for backward to host memory.
@@ -175,7 +186,8 @@ def optimizer_step(
     counts = global_counts(parallel, batch)
     packing = packing_stats(counts)
     if counts["computed"] == 0:  # nothing can move the weights: every group was flat, everywhere
-        return {"skipped": 1.0, **dict.fromkeys(STAT_KEYS, 0.0), "grad_norm": 0.0, **packing}
+        return {"skipped": 1.0, **dict.fromkeys(STAT_KEYS, 0.0), **dict.fromkeys(EXTREME_KEYS, math.nan),
+                "grad_norm": 0.0, **packing}
     norm = LossNorm(
         num_sequences=int(counts["sequences"]), num_tokens=max(int(counts["tokens"]), 1),
         max_completion_length=s.max_completion_length, num_micro_batches=max(int(counts["micro_batches"]), 1),
@@ -184,6 +196,10 @@ def optimizer_step(
     # 2. forward + backward per micro-batch; a process with fewer (or none) still joins each reduction
     t0 = time.perf_counter()
     totals = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=parallel.device)  # [7] STAT_KEYS
+    # [2] low_min, -high_max: the least of each (idle rows: advantage 0, no clipped token: share 0)
+    least = torch.tensor([0.0 if batch.idle_sequences else math.inf, math.inf], dtype=torch.float64,
+                         device=parallel.device)
+    flip = torch.tensor([1.0, -1.0], dtype=torch.float64, device=parallel.device)  # (low_min, high_max) -> least
     passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
     for k, mb in enumerate(passes):
         last = k == len(passes) - 1
@@ -193,7 +209,9 @@ def optimizer_step(
             else:
                 with offload if offload is not None else nullcontext():  # the forward only: backward unpacks
                     loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
-                totals += stats.to(totals.device)
+                stats = stats.to(totals.device)
+                totals += stats[: len(STAT_KEYS)]
+                least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
             parallel.accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
     #    which skips a non-finite update itself; clipping and step only report and do nothing)
@@ -203,7 +221,10 @@ def optimizer_step(
     parallel.step(optimizer, finite=not skipped)
     timings = {"time/forward_backward": t1 - t0, "time/optimizer": time.perf_counter() - t1}
     summed = parallel.sums(totals)  # the one host sync of the step's figures
-    return {**dict(zip(STAT_KEYS, summed)), "grad_norm": grad_norm, "skipped": float(skipped),
+    low_min, neg_high_max = parallel.gather(least).view(-1, 2).min(dim=0).values.tolist()
+    extremes = {"clip_low_min": low_min if math.isfinite(low_min) else math.nan,
+                "clip_high_max": -neg_high_max if math.isfinite(neg_high_max) else math.nan}
+    return {**dict(zip(STAT_KEYS, summed)), **extremes, "grad_norm": grad_norm, "skipped": float(skipped),
             **packing, **timings}
 
 

@@ -254,7 +254,7 @@ def test_a_reward_of_1e300_stops_the_run_naming_the_reward_and_row(tmp_path):
     out_dir = tmp_path / "run"
     out = grpo(tmp_path, "train", "quickstart", *FAST, "train.steps=1", f"rewards=[{{name='{module}:huge'}}]",
                f"train.output_dir='{out_dir}'")
-    assert_user_error(out, "reward 'huge.py:huge' returned 1e+300 at row 1", "rewards[0]", "within +-1e+12")
+    assert_user_error(out, "reward 'huge' returned 1e+300 at row 1", "rewards[0]", "within +-1e+12")
     assert not (out_dir / "checkpoints").exists()
 
 

@@ -111,7 +111,7 @@ def _check_timed_out(done, path: Path, function: str, ended: float) -> None:
     assert done.returncode == 2, done.stderr[-3000:]
     err = done.stderr
     assert "Traceback" not in err, err
-    assert f"reward 'bad_rewards.py:{function}' timed out: no result within {TIMEOUT_S} s" in err, err
+    assert f"reward '{function}' timed out: no result within {TIMEOUT_S} s" in err, err
     assert "on row 0 (completion " in err, err
     assert f"raise rewards[0].timeout (now {TIMEOUT_S} s" in err, err
     assert f"(waiting at {path}:" in err, err  # the line the reward hangs on
@@ -132,7 +132,7 @@ def test_train_names_a_reward_that_calls_sys_exit(rewards_file, tmp_path):
     done = _train(rewards_file, "exits", tmp_path / "run")
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    assert "reward 'bad_rewards.py:exits' called sys.exit(3) on row 0" in done.stderr, done.stderr
+    assert "reward 'exits' called sys.exit(3) on row 0" in done.stderr, done.stderr
     assert f"at {rewards_file}:" in done.stderr  # the line that called it
     assert "never end the process" in done.stderr and 'on_error = "none"' in done.stderr
 
@@ -148,7 +148,7 @@ def test_eval_names_an_async_reward_that_calls_sys_exit(rewards_file, tmp_path):
     done = _eval(rewards_file, "exits_async", tmp_path / "eval")
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    assert "reward 'bad_rewards.py:exits_async' called sys.exit(4) on row 0" in done.stderr, done.stderr
+    assert "reward 'exits_async' called sys.exit(4) on row 0" in done.stderr, done.stderr
 
 
 def _steps(out: Path) -> list[dict]:
@@ -165,7 +165,7 @@ def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
     err = done.stderr
     assert "Traceback" not in err, err
-    assert "reward 'bad_rewards.py:exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
+    assert "reward 'exits_hard_at_step_2' called os._exit(7) on row 0" in err, err
     assert f"at {rewards_file}:" in err and "never end the process" in err, err
     assert [x["step"] for x in _steps(out)] == [1]  # the step before it is kept
 
@@ -179,9 +179,9 @@ def test_timed_out_calls_left_spinning_are_counted_and_stop_the_run(rewards_file
     err = done.stderr
     assert "Traceback" not in err, err
     for n in (1, 2, 3):  # one warning per call left running, counting them
-        assert "warning: reward 'bad_rewards.py:spins' timed out (no result within 1 s)" in err, err
+        assert "warning: reward 'spins' timed out (no result within 1 s)" in err, err
         assert f"{n} such call(s) of it still run, and at 4 the run stops" in err, err
-    assert "reward 'bad_rewards.py:spins' timed out again (no result within 1 s) and 4 of its calls that timed " \
+    assert "reward 'spins' timed out again (no result within 1 s) and 4 of its calls that timed " \
            "out still run in background threads" in err, err
     assert "rewards[0].timeout" in err and f"(waiting at {rewards_file}:" in err, err
     assert [x["step"] for x in _steps(out)] == [1, 2, 3]  # what ran is kept
@@ -197,7 +197,7 @@ def test_a_reward_that_mutates_its_arguments_does_not_change_the_rollouts(reward
     assert rows and not any("MUTATED" in json.dumps(row) for row in rows)
     assert all(row["columns"]["answer"] != -1 for row in rows)
     for row in rows:  # the reward after it saw the completions as generated
-        assert row["rewards"]["bad_rewards.py:mutates"] == float(len(row["completion"]))
+        assert row["rewards"]["mutates"] == float(len(row["completion"]))
         assert row["rewards"]["length"] == -abs(len(row["completion"]) - 8) / 8
     assert all(x["completions/max_length"] <= 8 for x in _steps(out))  # the ids trained on: as generated
 

@@ -43,25 +43,29 @@ def write_module(folder: Path, module: str, code: str = REWARDS) -> Path:
     return path
 
 
-def test_module_function_resolves_with_args_checked_and_its_name_as_label(tmp_path, monkeypatch):
+def test_module_function_resolves_with_args_checked_and_its_function_name_as_label(tmp_path, monkeypatch):
     write_module(tmp_path, "grpo_ref_mod_a")
     monkeypatch.syspath_prepend(str(tmp_path))
     import grpo_ref_mod_a
 
     fns = resolve([spec("grpo_ref_mod_a:reward_len"), spec("grpo_ref_mod_a:scaled", args={"scale": 2.0}),
                    spec("grpo_ref_mod_a:reward_len", weight=0.5)], Registry("reward"))
-    assert [f.name for f in fns] == ["grpo_ref_mod_a:reward_len", "grpo_ref_mod_a:scaled",
-                                     "grpo_ref_mod_a:reward_len#2"]
+    assert [f.name for f in fns] == ["reward_len", "scaled", "reward_len#2"]  # TRL's: the function's name
     assert fns[0].fn is grpo_ref_mod_a.reward_len and fns[1].args == {"scale": 2.0} and fns[2].weight == 0.5
     with pytest.raises(UserError, match="takes no argument 'scael'") as info:
         resolve([spec("grpo_ref_mod_a:scaled", args={"scael": 2.0})], Registry("reward"))
     assert "rewards[0].args.scael" in str(info.value) and 'did you mean "scale"' in str(info.value)
 
 
-def test_file_function_resolves_labelled_without_its_directory(tmp_path):
+def test_file_function_resolves_labelled_by_its_name_qualified_only_where_two_collide(tmp_path, monkeypatch):
     path = write_module(tmp_path / "deep" / "dir", "my_file_rewards")
     fns = resolve([spec(f"{path}:reward_len")], Registry("reward"))
-    assert fns[0].name == "my_file_rewards.py:reward_len"
+    assert fns[0].name == "reward_len"
+    write_module(tmp_path, "grpo_ref_mod_c")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    both = resolve([spec(f"{path}:reward_len"), spec("grpo_ref_mod_c:reward_len"), spec(f"{path}:scaled")],
+                   Registry("reward"))  # two reward_len: each qualified (the file without its directory)
+    assert [f.name for f in both] == ["my_file_rewards.py:reward_len", "grpo_ref_mod_c:reward_len", "scaled"]
     assert fns[0].fn(prompts=["p"], completions=["12345678"]) == [0.0]
     # the same file named twice is loaded once
     again = resolve([spec(f"{path}:scaled")], Registry("reward"))
@@ -155,5 +159,5 @@ def test_training_with_a_module_function_reward(tmp_path, monkeypatch):
                                      'rewards=[{name="grpo_ref_train_rewards:reward_len"}]']))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    assert "rewards/grpo_ref_train_rewards:reward_len/mean" in metrics[-1]
-    assert metrics[-1]["rewards/grpo_ref_train_rewards:reward_len/mean"] <= 0.0
+    assert "rewards/reward_len/mean" in metrics[-1]  # TRL's key: the function's name
+    assert metrics[-1]["rewards/reward_len/mean"] <= 0.0

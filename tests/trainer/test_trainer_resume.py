@@ -41,7 +41,7 @@ def _train(out, *overrides: str) -> list[dict]:
 
 
 def _untimed(metrics: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.startswith("time/") and k != "tokens_per_second"}
+    return [{k: v for k, v in m.items() if not k.startswith("time/") and k not in ("tokens_per_second", "step_time")}
             for m in metrics]
 
 
@@ -97,7 +97,7 @@ def test_resume_in_a_new_process_restores_schedule_reference_and_cycle(tmp_path,
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = RunDir(tmp_path / "crashed").read_metrics()
     _assert_same_steps(resumed, whole)
-    assert any(m["kl"] > 0 for m in whole[4:])  # the reference did matter after the resume point
+    assert any(m.get("kl", 0) > 0 for m in whole[4:])  # the reference did matter after the resume point
 
 
 def test_tmp_checkpoint_is_never_the_latest(tmp_path):

@@ -14,9 +14,10 @@ from grpocli.trainer.loop import train
 
 TRL_METRICS = {
     "reward", "reward_std", "rewards/length/mean", "rewards/length/std", "kl", "entropy",
-    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-    "completions/mean_length", "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "completions/mean_terminated_length", "frac_reward_zero_std",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+    "clip_ratio/high_max", "completions/mean_length", "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length", "step_time", "frac_reward_zero_std",
     "num_tokens", "grad_norm", "learning_rate", "real_batch_size_ratio", "time/generation",
     "time/rewards", "time/logprobs", "time/training", "time/weight_sync", "tokens_per_second",
 }
@@ -119,7 +120,7 @@ def test_variant_trains(tmp_path, overrides, table_calls):
         assert metrics[-1]["kl"] != 0.0  # the reference was really used (and refreshed)
     if "algorithm.num_iterations=2" in overrides:
         # the second update of a batch sees a ratio != 1: the old log-probs were kept
-        assert any(m["clip_ratio/region_mean"] > 0 or m["loss"] != 0 for m in metrics)
+        assert any(m.get("clip_ratio/region_mean", 0) > 0 or m["loss"] != 0 for m in metrics)
 
 
 def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
@@ -134,8 +135,3 @@ def test_live_warning_and_evaluation_during_training(tmp_path, capfd):
     assert all(m["frac_reward_zero_std"] == 1.0 for m in metrics if "frac_reward_zero_std" in m)
 
 
-def test_tensorboard_tracker_through_accelerate(tmp_path):
-    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install 'grpocli[trackers]')")
-    run(tmp_path, 'log.report_to=["tensorboard"]')
-    events = list((tmp_path / "run").rglob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0

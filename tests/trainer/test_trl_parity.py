@@ -73,6 +73,13 @@ def scored_inputs() -> Scored:
 def run_case(case: dict, kind: str, micro_batch_size: int | None,
              extra: tuple[str, ...] = ()) -> tuple[torch.Tensor, float, torch.Tensor]:
     """(advantages [B], loss, d loss / d new log-probs [B, T]) as grpo's training step computes them."""
+    advantages, stats, grad = step_case(case, kind, micro_batch_size, extra)
+    return advantages, stats["loss"], grad
+
+
+def step_case(case: dict, kind: str, micro_batch_size: int | None,
+              extra: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """(advantages [B], the optimizer step's figures, d loss / d new log-probs [B, T])."""
     recipe = recipe_for(case, extra)
     if micro_batch_size is None:
         recipe.train.max_tokens_per_micro_batch = 24
@@ -102,7 +109,7 @@ def run_case(case: dict, kind: str, micro_batch_size: int | None,
     stats = optimizer_step(parallel, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, frozen, settings,
                            max_grad_norm=0.0, forward=forward)
     grad = new.grad if new.grad is not None else torch.zeros_like(new)
-    return advantages.values.double(), stats["loss"], grad
+    return advantages.values.double(), stats, grad
 
 
 def case_id(case: dict) -> str:
@@ -155,3 +162,101 @@ def test_entropy_bonus_and_high_entropy_tokens_by_hand():
     assert 0 < kept.sum() < mask.sum()
     assert filtered == pytest.approx(float((per_token * kept).sum() / mask.sum()), abs=TOL)
     torch.testing.assert_close(grad_filtered, grad * kept)
+
+
+# -- a sequence-level ratio with a token-summing loss: TRL 1.16 warns and runs it, and so does grpo --------
+def trl_loss(case: dict, advantages: torch.Tensor, metrics: dict | None = None) -> tuple[float, torch.Tensor]:
+    """(loss, d loss / d new log-probs) from TRL 1.16's own GRPOTrainer._compute_loss on the oracle's
+    inputs: one process, no accumulation, the policy's forward pass replaced by the oracle's log-probs."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    mask = torch.tensor(INPUTS["mask"], dtype=torch.float64)
+    on_policy = case["regime"] == "on_policy"
+    new = torch.tensor(INPUTS["old" if on_policy else "new_off_policy"], dtype=torch.float64, requires_grad=True)
+    entropies = torch.tensor(INPUTS["entropies"], dtype=torch.float64)
+    def same(x, **_):  # gather / reduce over one process
+        return x
+
+    eps_high = case["epsilon_high"] if case["epsilon_high"] is not None else case["epsilon"]
+    trainer = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new, entropies, None),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, beta=case["beta"], loss_type=case["loss_type"],
+        importance_sampling_level=case["importance_sampling_level"], epsilon_low=case["epsilon"],
+        epsilon_high=eps_high, use_vllm=False, vllm_importance_sampling_correction=False,
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=True, steps_per_generation=1),
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
+        accelerator=SimpleNamespace(num_processes=1, gather=same, reduce=same, gather_for_metrics=same),
+        max_completion_length=INPUTS["T"], _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list)},
+    )
+    b = mask.shape[0]
+    inputs = {"prompt_ids": torch.ones(b, 1, dtype=torch.long), "prompt_mask": torch.ones(b, 1, dtype=torch.long),
+              "completion_ids": torch.ones_like(mask, dtype=torch.long), "completion_mask": mask,
+              "advantages": advantages, "num_items_in_batch": mask.sum(),
+              "ref_per_token_logps": torch.tensor(INPUTS["ref"], dtype=torch.float64)}
+    if not on_policy:
+        inputs["old_per_token_logps"] = torch.tensor(INPUTS["old"], dtype=torch.float64)
+    loss = GRPOTrainer._compute_loss(trainer, None, inputs)
+    loss.backward()
+    if metrics is not None:
+        metrics.update({k: v[-1] for k, v in trainer._metrics["train"].items()})
+    return float(loss.detach()), new.grad
+
+
+TOKEN_SUM_SEQUENCE = [
+    {"loss_type": loss, "beta": beta, "scale_rewards": "group", "regime": regime, "importance_sampling_level":
+     "sequence", "num_iterations": 1 if regime == "on_policy" else 2, "epsilon": 0.2, "epsilon_high": 0.28}
+    for loss in ("dapo", "bnpo", "dr_grpo", "cispo") for beta, regime in ((0.0, "off_policy"), (0.04, "on_policy"))
+]
+
+
+@pytest.mark.parametrize("case", TOKEN_SUM_SEQUENCE, ids=[case_id(c) for c in TOKEN_SUM_SEQUENCE])
+def test_sequence_ratio_with_a_token_sum_matches_trl(case):
+    """TRL's _compute_loss on the same inputs (the advantages grpo computes, which the oracle checks)."""
+    advantages, _, _ = run_case(case, "padded", 100)
+    trl: dict[str, float] = {}
+    want_loss, want_grad = trl_loss(case, advantages, trl)
+    assert want_grad.abs().sum() > 0  # the case moves the policy
+    for kind, size in LAYOUTS[:1] if case["loss_type"] == "bnpo" else LAYOUTS:
+        _, stats, grad = step_case(case, kind, size)
+        loss = stats["loss"]
+        if "clip_ratio/low_min" in trl:  # TRL's clipped losses: the per-sequence extremes, as TRL logs them
+            assert stats["clip_low_min"] == pytest.approx(trl["clip_ratio/low_min"], abs=TOL), (kind, size)
+            assert stats["clip_high_max"] == pytest.approx(trl["clip_ratio/high_max"], abs=TOL), (kind, size)
+        assert loss == pytest.approx(want_loss, rel=0, abs=TOL), (kind, size)
+        where = f"{kind}, {size}"
+        torch.testing.assert_close(grad, want_grad, rtol=0, atol=TOL, msg=lambda m, where=where: f"{where}: {m}")
+
+
+def test_trl_oracle_call_reproduces_the_stored_cases():
+    """trl_loss computes what the stored oracle holds for the cases TRL's file has (so the new cases are
+    TRL's numbers, not a second copy of grpo's)."""
+    clipped = 0
+    for case in [c for c in DATA["cases"] if c["loss_type"] in ("dapo", "luspo", "grpo")][::5]:
+        trl: dict[str, float] = {}
+        want_loss, want_grad = trl_loss(case, torch.tensor(case["advantages"], dtype=torch.float64), trl)
+        assert want_loss == pytest.approx(case["loss"], rel=0, abs=TOL), case_id(case)
+        torch.testing.assert_close(want_grad, torch.tensor(case["grad_new_logps"], dtype=torch.float64),
+                                   rtol=0, atol=TOL)
+        _, stats, _ = step_case(case, "packed", None)  # TRL's clip_ratio/low_min and high_max, from grpo's step
+        assert stats["clip_low_min"] == pytest.approx(trl["clip_ratio/low_min"], abs=TOL), case_id(case)
+        assert stats["clip_high_max"] == pytest.approx(trl["clip_ratio/high_max"], abs=TOL), case_id(case)
+        clipped += trl["clip_ratio/high_max"] > 0
+    assert clipped  # some case clips
+
+
+def test_what_trl_refuses_stays_refused_and_token_sums_run_with_a_note(capsys):
+    from grpocli.errors import UserError
+    from grpocli.trainer.preflight import _check_combinations
+
+    for loss in ("dapo", "bnpo", "dr_grpo", "cispo"):  # TRL: a warning, and the run goes on
+        _check_combinations(recipe_for({**ON_POLICY_DAPO, "loss_type": loss, "importance_sampling_level": "sequence"}))
+        note = capsys.readouterr().err
+        assert f"loss = '{loss}'" in note and "weighs by its length" in note and 'loss = "grpo"' in note
+    vespo = load_recipe("quickstart", ["algorithm.loss='vespo'", "generation.backend='vllm'",
+                                       "vllm.importance_sampling_mode='sequence_mask'"]).recipe
+    with pytest.raises(UserError, match="token"):  # TRL raises ValueError for this one
+        _check_combinations(vespo)

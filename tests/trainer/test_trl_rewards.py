@@ -73,7 +73,7 @@ def test_trl_rewards_and_the_full_signature_train(conversational, tmp_path):
     assert seen[0]["solution"] in {str(n) for n in range(7)}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    for name in ("trl.rewards:accuracy_reward", "trl.rewards:think_format_reward", "trl_user_rewards:full"):
+    for name in ("accuracy_reward", "think_format_reward", "full"):  # TRL's keys: the functions' names
         assert f"rewards/{name}/mean" in metrics[-1], sorted(metrics[-1])
     assert metrics[-1]["custom/mean_ids"] > 0  # log_metric lands in metrics.jsonl
     rollout = json.loads((out / "rollouts" / "step-2.jsonl").read_text().splitlines()[0])
