@@ -65,7 +65,7 @@ def test_a_factory_is_built_once_with_its_args_and_named_as_trl_names_its_reward
     path = tmp_path / "factories.py"
     path.write_text(FACTORY)
     fns = resolve([_spec(f"{path}:get_overlong", limit=4)], Registry("reward"))
-    assert [(f.name, f.args) for f in fns] == [("factories.py:overlong_reward", {})]
+    assert [(f.name, f.args) for f in fns] == [("overlong_reward", {})]
     ids = [[1] * 3, [1] * 6]
     state = SimpleNamespace(global_step=0)  # a TrainerState's stand-in: importing transformers takes seconds
     for _ in range(2):
@@ -76,7 +76,7 @@ def test_a_factory_is_built_once_with_its_args_and_named_as_trl_names_its_reward
 def test_a_factory_without_its_args_or_returning_no_callable_is_named(tmp_path):
     path = tmp_path / "made.py"
     path.write_text(FACTORY + "\n\ndef make(scale):\n    return scale * 2\n")
-    with pytest.raises(UserError, match=r"made.py:get_overlong makes a reward .* and needs limit, not given"):
+    with pytest.raises(UserError, match=r"get_overlong makes a reward .* and needs limit, not given"):
         resolve([_spec(f"{path}:get_overlong", scale=2.0)], Registry("reward"))
     with pytest.raises(UserError, match=r"called as a factory with args, and it returned int, not a reward"):
         resolve([_spec(f"{path}:make", scale=3)], Registry("reward"))
@@ -94,6 +94,6 @@ def test_math_verify_and_trl_factories_pass_dry_run_and_train(tmp_path):
     done = run_grpo("train", "quickstart", *FAST, "train.steps=1", rewards, f"train.output_dir={out}", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     step = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "loss" in line][-1]
-    for name in ("accuracy.py:accuracy_reward", "trl.rewards:soft_overlong_punishment_reward",
-                 "trl.rewards:repetition_penalty_reward"):
+    for name in ("accuracy_reward", "soft_overlong_punishment_reward",
+                 "repetition_penalty_reward"):
         assert f"rewards/{name}/mean" in step, sorted(step)
