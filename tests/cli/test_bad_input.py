@@ -110,17 +110,24 @@ def test_gdpo_advantages_refuse_gated_rewards(grpo):
 @pytest.mark.parametrize(("overrides", "key", "says"), [
     (["algorithm.loss=vespo", "algorithm.importance_sampling_level=sequence"],
      "algorithm.importance_sampling_level", "computes its own sequence-level weight"),
-    (["algorithm.loss=dapo", "algorithm.importance_sampling_level=sequence"],
-     "algorithm.importance_sampling_level", "weighs each sequence by its length"),
     (["algorithm.loss=cispo", "algorithm.clip_ratio_c=3.0"], "algorithm.clip_ratio_c", "does not use"),
     (["algorithm.loss=vespo", "generation.backend=vllm", "vllm.importance_sampling_mode=sequence_mask"],
      "vllm.importance_sampling_mode", "needs a token-level correction"),
     (["algorithm.beta=0.1", "algorithm.kl_estimator=full"], "algorithm.kl_estimator", "NotImplementedError"),
-], ids=["vespo-sequence", "dapo-sequence", "cispo-dual-clip", "vespo-sequence-engine-weights", "full-kl"])
+], ids=["vespo-sequence", "cispo-dual-clip", "vespo-sequence-engine-weights", "full-kl"])
 def test_loss_settings_that_make_no_sense_together(grpo, overrides, key, says):
     """Refused before any model loads, with what is valid and what to set."""
     out = grpo("train", "quickstart", *overrides, "--dry-run")
     assert_clean_error(out, key, says, "valid:", "next:")
+
+
+def test_a_sequence_ratio_with_a_token_summing_loss_runs_with_a_note(grpo):
+    """TRL 1.16 warns and trains this setting; so does grpo, naming what it computes and the GSPO loss."""
+    out = grpo("train", "quickstart", "algorithm.loss=dapo", "algorithm.importance_sampling_level=sequence",
+               "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "note: algorithm.importance_sampling_level = 'sequence' with loss = 'dapo'" in out.stderr
+    assert 'algorithm.loss = "grpo"' in out.stderr
 
 
 def test_plugin_that_fails_to_import(grpo, tmp_path):

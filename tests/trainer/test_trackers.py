@@ -9,6 +9,8 @@ import importlib.util
 import json
 import struct
 import sys
+import time
+import zlib
 
 import pytest
 from tiny_runs import FAST
@@ -19,7 +21,8 @@ from grpocli.recipe import load_recipe
 
 def wandb_records(path) -> list:
     """The records of an offline run's .wandb file (wandb's LevelDB-style log of protobuf Records:
-    a 7-byte header, 32 KiB blocks, each chunk with a 7-byte header: crc, length, type)."""
+    a 7-byte header, 32 KiB blocks, each chunk with a 7-byte header: crc32 of type and data, length,
+    type). A chunk whose checksum does not match ends the read (wandb-core may still be writing)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = path.read_bytes()
@@ -27,11 +30,14 @@ def wandb_records(path) -> list:
     pos, block, out, part = 7, 32768, [], b""
     while pos + 7 <= len(data):
         left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         if left < 7 or (length == 0 and kind == 0):  # a block's padding
             pos += left
             continue
-        part += data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7:pos + 7 + length]
+        if len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            break
+        part += chunk
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = pb.Record()
@@ -39,6 +45,19 @@ def wandb_records(path) -> list:
             out.append(record)
             part = b""
     return out
+
+
+def finished_records(path, wait: float = 120.0) -> list:
+    """The run's records once wandb-core has written its exit record: the service process writes
+    the file and may still be flushing when wandb.finish() returns on a loaded machine."""
+    deadline = time.monotonic() + wait
+    while True:
+        records = wandb_records(path)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds:
+            return records
+        assert time.monotonic() < deadline, f"no exit record in {path} after {wait:.0f} s: {kinds}"
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -63,7 +82,7 @@ def test_tracker_runs_have_trls_keys_and_project(tmp_path, monkeypatch):
     if "wandb" not in chosen:
         return
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    records = wandb_records(run_file)
+    records = finished_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.project == "from-wandb-project"
     rows = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}

@@ -74,7 +74,7 @@ def test_live_completions_print_each_step_with_rewards(trained):
     for step in (1, 2, 3):
         assert f"step {step}: 2 completions" in out.stderr
     block = out.stderr.split("step 1: 2 completions", 1)[1]
-    assert "judge.py:judged" in block and "advantage" in block and "completion: " in block
+    assert "judged" in block and "advantage" in block and "completion: " in block
 
 
 @pytest.mark.slow
