@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from grpocli.errors import UserError
+
 if TYPE_CHECKING:
     from grpocli.recipe.schema import GenerationSection
 
@@ -55,6 +57,52 @@ class PromptEncoder:
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
         return [row[-self.max_prompt_length :] for row in ids]
+
+
+class LivePolicyBackend(PromptEncoder):
+    """Shared by the backends that sample from the training model itself ('hf', 'paged'): no copy of
+    the weights, so `sync_weights` only points at the model; prompt strings are encoded here."""
+
+    model: Any
+
+    def sync_weights(self, model: Any) -> None:
+        self.model = model
+
+    def close(self) -> None:
+        pass
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
+        """n completions of each prompt; no prompts: none (where forwards are collectives the call still takes part)."""
+        return self.generate_ids(self.encode_prompts(prompts) if prompts else [], n, sampling)
+
+    def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
+        raise NotImplementedError
+
+    def eos_ids(self) -> list[int]:
+        """The ids that end a completion: the model's generation config's, else the tokenizer's."""
+        config = getattr(self.model, "generation_config", None)
+        ids = config.eos_token_id if config is not None else None
+        ids = ids if ids is not None else self.tokenizer.eos_token_id
+        return list(ids) if isinstance(ids, (list, tuple)) else [ids]
+
+
+def cut_at_eos(seq: list[int], eos: list[int]) -> tuple[list[int], bool]:
+    """Keep tokens up to and including the first EOS; truncated when there is none."""
+    for i, tok in enumerate(seq):
+        if tok in eos:
+            return seq[: i + 1], False
+    return seq, True
+
+
+def paged_on_sharded_policy(where_sharded: str) -> UserError:
+    """The refusal of generation.backend = 'paged' with a policy whose forward passes are collectives
+    (FSDP2, DeepSpeed ZeRO-3): said by preflight for train.sharding and by the backend for ZeRO-3."""
+    return UserError(
+        "generation.backend = \"paged\" cannot generate with a sharded policy: each forward pass of a "
+        f"{where_sharded} policy is a collective that transformers' continuous batching does not keep in "
+        "step across processes", where="generation.backend",
+        valid="'paged' with one process, DDP or ZeRO-2; 'hf' (synced generate), 'vllm' or 'vllm-server' "
+        "with a sharded policy", hint="set generation.backend = \"hf\" (or \"vllm\"), or train.sharding = \"none\"")
 
 
 class GenerationBackend(Protocol):

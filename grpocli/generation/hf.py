@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from grpocli.generation.base import Generated, PromptEncoder, Sampling
+from grpocli.generation.base import Generated, LivePolicyBackend, Sampling, cut_at_eos
 from grpocli.parallel import Parallel
 from grpocli.parallel.strategy import idle_forward
 
 
-class HFBackend(PromptEncoder):
+class HFBackend(LivePolicyBackend):
     """Samples from the live policy: `sync_weights` is free because it is the same model.
 
     transformers' `generate(num_return_sequences=G)` repeats each prompt G times *before* the
@@ -39,22 +39,12 @@ class HFBackend(PromptEncoder):
         self.batch_size = batch_size  # completions per generate call (whole groups, at least one)
         self.share_prefill = share_prefill
 
-    def sync_weights(self, model: Any) -> None:
-        self.model = model
-
-    def close(self) -> None:
-        pass
-
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        """n completions of each prompt; no prompts: none (where forwards are collectives the call still takes part)."""
-        return self.generate_ids(self.encode_prompts(prompts) if prompts else [], n, sampling)
-
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
         """n completions of each prompt given as token ids (multi-turn rollouts continue from them).
         Collective forwards: as many generate calls as the process with the most (`forward_passes`;
         None marks a dummy call), so a process with fewer prompts, or none, keeps the others going."""
-        eos = _eos_ids(self.tokenizer, self.model)
+        eos = self.eos_ids()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         per_call = max(1, self.batch_size // n)  # prompts per generate call
         chunks = self.parallel.forward_passes([prompt_ids[s : s + per_call] for s in range(0, len(prompt_ids), per_call)])
@@ -68,7 +58,7 @@ class HFBackend(PromptEncoder):
                     self._idle_generate(eos, pad)
                     continue
                 for seq in self._generate_chunk(chunk, n, sampling, eos, pad):
-                    cut, trunc = _cut_at_eos(seq, eos)
+                    cut, trunc = cut_at_eos(seq, eos)
                     completions.append(cut)
                     truncated.append(trunc)
         finally:
@@ -130,16 +120,3 @@ class HFBackend(PromptEncoder):
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
         return kwargs
 
-
-def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
-    ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
-    ids = ids if ids is not None else tokenizer.eos_token_id
-    return list(ids) if isinstance(ids, (list, tuple)) else [ids]
-
-
-def _cut_at_eos(seq: list[int], eos: list[int]) -> tuple[list[int], bool]:
-    """Keep tokens up to and including the first EOS; truncated when there is none."""
-    for i, tok in enumerate(seq):
-        if tok in eos:
-            return seq[: i + 1], False
-    return seq, True

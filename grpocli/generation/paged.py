@@ -29,9 +29,7 @@ from typing import Any
 
 import torch
 
-from grpocli.errors import UserError
-from grpocli.generation.base import Generated, PromptEncoder, Sampling
-from grpocli.generation.hf import _cut_at_eos, _eos_ids
+from grpocli.generation.base import Generated, LivePolicyBackend, Sampling, cut_at_eos, paged_on_sharded_policy
 from grpocli.parallel import Parallel
 
 #: Tokens of one page of the paged KV cache; small pages waste little on short completions.
@@ -40,37 +38,23 @@ PAGE_SIZE = 32
 MAX_BATCH_TOKENS = 2048
 
 
-class PagedBackend(PromptEncoder):
+class PagedBackend(LivePolicyBackend):
     """Samples from the live policy through `model.init_continuous_batching`; `sync_weights` is free."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, parallel: Parallel | None = None) -> None:
         self.parallel = parallel or Parallel.alone()
         if self.parallel.forward_collective:
-            raise UserError(
-                "generation.backend = \"paged\" cannot generate with a sharded policy (FSDP2, DeepSpeed ZeRO-3): "
-                "each of its forward passes is a collective that transformers' continuous batching does not keep "
-                "in step across processes", where="generation.backend",
-                valid="'paged' with one process, DDP or ZeRO-2; 'hf' (synced generate), 'vllm' or 'vllm-server' "
-                "with a sharded policy", hint="set generation.backend = \"hf\" or \"vllm\"")
+            raise paged_on_sharded_policy("FSDP2 or DeepSpeed ZeRO-3")
         self.model = model
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
-
-    def sync_weights(self, model: Any) -> None:
-        self.model = model
-
-    def close(self) -> None:
-        pass
-
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
-        return self.generate_ids(self.encode_prompts(prompts) if prompts else [], n, sampling)
 
     @torch.no_grad()
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
         """n completions of each prompt given as token ids, prompt-major."""
         if not prompt_ids:
             return Generated(prompt_ids=[], completion_ids=[], truncated=[])
-        eos = _eos_ids(self.tokenizer, self.model)
+        eos = self.eos_ids()
         was_training = self.model.training
         self.model.eval()
         try:
@@ -80,7 +64,7 @@ class PagedBackend(PromptEncoder):
         completions: list[list[int]] = []  # [B*G]
         truncated: list[bool] = []
         for seq in sequences:
-            cut, trunc = _cut_at_eos(seq, eos)
+            cut, trunc = cut_at_eos(seq, eos)
             if sampling.stop:
                 cut, trunc = _cut_at_stop(cut, trunc, sampling.stop, self.tokenizer)
             completions.append(cut)

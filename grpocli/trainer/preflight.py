@@ -17,6 +17,7 @@ from grpocli.algorithms.variants import (
     names,
 )
 from grpocli.errors import UserError
+from grpocli.generation.base import paged_on_sharded_policy
 from grpocli.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -152,12 +153,7 @@ def _check_combinations(recipe: Recipe) -> None:
             hint="set generation.backend = \"vllm\" (or \"vllm-server\"), or generation.async_steps = 0",
         )
     if g.backend == "paged" and t.sharding == "fsdp2":
-        raise UserError(
-            "generation.backend = \"paged\" cannot generate with a sharded policy: each forward pass of an FSDP2 "
-            "policy is a collective that transformers' continuous batching does not keep in step across processes",
-            where="generation.backend", valid="'paged' with train.sharding = 'none'; 'hf', 'vllm' or 'vllm-server' "
-            "with 'fsdp2'", hint="set generation.backend = \"hf\" (or \"vllm\"), or train.sharding = \"none\"",
-        )
+        raise paged_on_sharded_policy("FSDP2")
     if g.async_steps and (recipe.algorithm.fill_batch or t.curriculum):
         raise UserError(
             "generation.async_steps > 0 cannot be combined with algorithm.fill_batch or train.curriculum "

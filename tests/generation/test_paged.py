@@ -157,3 +157,23 @@ def test_auto_is_vllm_where_installed_else_paged_unless_a_repetition_penalty_ask
     vllm = find_spec("vllm") is not None
     assert auto() == ("vllm" if vllm else "paged")
     assert auto("generation.repetition_penalty=1.1") == ("vllm" if vllm else "hf")
+
+
+def test_a_sharded_policy_is_refused_before_and_at_load(chatty, grpo):
+    """The one refusal, said by preflight for train.sharding = "fsdp2" (before any model loads) and by
+    the backend where forwards are collectives that preflight cannot see (DeepSpeed ZeRO-3)."""
+    from grpocli.errors import UserError
+    from grpocli.parallel import Parallel
+
+    out = grpo("train", "quickstart", "generation.backend=paged", "train.sharding=fsdp2", "train.num_processes=2",
+               "--dry-run")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "generation.backend" in out.stderr and "FSDP2 policy is a collective" in out.stderr, out.stderr
+
+    class Collective(Parallel):
+        forward_collective = True
+
+    model, tok = chatty
+    with pytest.raises(UserError, match="FSDP2 or DeepSpeed ZeRO-3 policy is a collective") as caught:
+        PagedBackend(model, tok, max_prompt_length=64, parallel=Collective(None))
+    assert caught.value.where == "generation.backend" and "'hf'" in caught.value.valid
