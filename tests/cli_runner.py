@@ -39,3 +39,38 @@ def install_plugin(source: Path, target: Path) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return target
+
+
+def assert_clean_error(out: subprocess.CompletedProcess, *needles: str) -> str:
+    """A user error: exit 2, no traceback, every needle in stderr; returns stderr."""
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, (out.returncode, text[-3000:])
+    assert "Traceback" not in text, text[-3000:]
+    for needle in needles:
+        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
+    return out.stderr
+
+
+def assert_user_error(out: subprocess.CompletedProcess, *needles: str) -> str:
+    """As assert_clean_error, and the message is one `error:` line; returns stderr."""
+    assert_clean_error(out, *needles)
+    assert out.stderr.count("error: ") == 1, out.stderr
+    return out.stderr
+
+
+def unwritable_place(tmp_path: Path) -> Path:
+    """A directory this process cannot create things in: a chmod 555 folder (not for root, whom
+    permissions do not stop), else a read-only system folder; skip where there is none."""
+    import pytest
+
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        return locked
+    try:
+        os.mkdir("/sys/grpo-write-probe")
+    except OSError:
+        return Path("/sys")
+    os.rmdir("/sys/grpo-write-probe")
+    pytest.skip("running as root, where chmod does not stop writes, and /sys is writable here")

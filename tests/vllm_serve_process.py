@@ -6,6 +6,18 @@ from __future__ import annotations
 import os
 
 API_KEY = "test-key-123"
+#: The tiny model the served checkpoints hold (vLLM on CPU needs head size 32, 64, ...).
+TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
+
+
+def tiny_checkpoint(directory):
+    """Save a tiny policy + tokenizer (seed 0) as a checkpoint: what `grpo vllm-serve --model` reads."""
+    from grpocli.models import build_char_tokenizer, build_tiny_model, save_model
+    from grpocli.recipe.schema import TinyModel
+
+    tokenizer = build_char_tokenizer()
+    save_model(build_tiny_model(TinyModel(**TINY), tokenizer, 0), tokenizer, directory)
+    return directory
 
 
 def free_port() -> int:

@@ -7,13 +7,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_runner import assert_clean_error
 
 
-def assert_clean_error(out, *needles: str) -> None:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
-    for needle in needles:
-        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
 
 
 def make_plugin_dist(root: Path, dist: str, module: str, code: str) -> dict[str, str]:

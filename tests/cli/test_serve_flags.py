@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from test_bad_input import assert_clean_error
+from cli_runner import assert_clean_error
 
 
 @pytest.mark.parametrize(("flags", "needles"), [

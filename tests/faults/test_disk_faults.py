@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runner import ROOT
+from cli_runner import ROOT, assert_clean_error, unwritable_place
 from rich.console import Console
 from tiny_runs import FAST
 
@@ -52,11 +52,6 @@ def _digests(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def assert_clean_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    for needle in needles:
-        assert needle in result.stderr, f"{needle!r} not in:\n{result.stderr}"
 
 
 @pytest.mark.slow
@@ -135,24 +130,10 @@ def test_output_dir_that_is_a_file(grpo, tmp_path):
     assert taken.read_text() == "not a run\n"
 
 
-def _unwritable_place(tmp_path: Path) -> Path:
-    """A directory this process cannot create things in: a chmod 555 folder (not for root, whom
-    permissions do not stop), else a read-only system folder; skip where there is none."""
-    if os.geteuid() != 0:
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        locked.chmod(0o555)
-        return locked
-    try:
-        os.mkdir("/sys/grpo-write-probe")
-    except OSError:
-        return Path("/sys")
-    os.rmdir("/sys/grpo-write-probe")
-    pytest.skip("running as root, where chmod does not stop writes, and /sys is writable here")
 
 
 def test_output_dir_that_cannot_be_written(grpo, tmp_path):
-    place = _unwritable_place(tmp_path)
+    place = unwritable_place(tmp_path)
     try:
         result = grpo("train", "quickstart", f"train.output_dir={place / 'run'}")
     finally:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_runner import run_grpo
+from cli_runner import assert_user_error, run_grpo, unwritable_place
 from tiny_runs import FAST
 
 ROWS = [{"prompt": "1+2=", "answer": 3}, {"prompt": "5-1=", "answer": 4}]
@@ -21,15 +21,6 @@ def grpo(tmp_path: Path, *args: str):
     return run_grpo(*args, env={"HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}, timeout=120)
 
 
-def assert_user_error(out, *needles: str) -> str:
-    """Exit 2, no traceback, one `error:` message holding every needle; returns stderr."""
-    text = out.stdout + out.stderr
-    assert out.returncode == 2, (out.returncode, text[-3000:])
-    assert "Traceback" not in text, text[-3000:]
-    assert out.stderr.count("error: ") == 1, out.stderr
-    for needle in needles:
-        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
-    return out.stderr
 
 
 def jsonl(rows) -> bytes:
@@ -258,25 +249,11 @@ def test_a_reward_of_1e300_stops_the_run_naming_the_reward_and_row(tmp_path):
     assert not (out_dir / "checkpoints").exists()
 
 
-def _unwritable_place(tmp_path: Path) -> Path:
-    """A directory this process cannot create things in: a chmod 555 folder (not for root, whom
-    permissions do not stop), else a read-only system folder; skip where there is none."""
-    if os.geteuid() != 0:
-        locked = tmp_path / "locked"
-        locked.mkdir()
-        locked.chmod(0o555)
-        return locked
-    try:
-        os.mkdir("/sys/grpo-write-probe")
-    except OSError:
-        return Path("/sys")
-    os.rmdir("/sys/grpo-write-probe")
-    pytest.skip("running as root, where chmod does not stop writes, and /sys is writable here")
 
 
 def test_eval_into_a_place_it_cannot_write_stops_before_sampling(run_copy, tmp_path):
     """`grpo eval` sampled every prompt and failed only when it wrote samples.jsonl."""
-    place = _unwritable_place(tmp_path)
+    place = unwritable_place(tmp_path)
     try:
         out = grpo(tmp_path, "eval", "quickstart", "--checkpoint", str(run_copy), "--n", "2", "--num-prompts", "2",
                    "--output-dir", str(place / "eval"))

@@ -6,22 +6,13 @@ code 2 and no traceback; where the message says how to fix it, the fixed command
 from __future__ import annotations
 
 import pytest
-from cli_runner import run_grpo
+from cli_runner import assert_user_error, run_grpo
 
 
 def dry_run(*overrides: str, env: dict[str, str] | None = None):
     return run_grpo("train", "quickstart", "--dry-run", *overrides, env=env, timeout=120)
 
 
-def assert_user_error(out, *needles: str) -> str:
-    """Exit 2, no traceback, one `error:` message holding every needle; returns stderr."""
-    text = out.stdout + out.stderr
-    assert out.returncode == 2, (out.returncode, text[-3000:])
-    assert "Traceback" not in text, text[-3000:]
-    assert out.stderr.count("error: ") == 1, out.stderr
-    for needle in needles:
-        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
-    return out.stderr
 
 
 @pytest.mark.parametrize(

@@ -31,12 +31,11 @@ pytestmark = pytest.mark.vllm
 
 from cli_runner import run_grpo
 from recording_proxy import RecordingProxy
+from vllm_serve_process import TINY, tiny_checkpoint
 
 from grpocli.generation.base import Sampling
 from grpocli.server.host import ServerError
 
-#: A tiny Qwen2 whose head size (64 / 2 = 32) vLLM's CPU attention kernels accept (as tests/vllm).
-TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
 NORMAL = {"prompt_ids": [[5, 6, 7]], "n": 2, "max_tokens": 4, "seed": 1}
 
 
@@ -84,13 +83,8 @@ class Served:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from grpocli.models import build_char_tokenizer, build_tiny_model, save_model
-    from grpocli.recipe.schema import TinyModel
-
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_char_tokenizer()
-    save_model(build_tiny_model(TinyModel(**TINY), tokenizer, 0), tokenizer, directory)
-    return directory
+    """A tiny policy + tokenizer saved as a checkpoint (what `grpo vllm-serve --model` reads)."""
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,9 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = pytest.mark.vllm
 
 from cli_runner import run_grpo
-from vllm_serve_process import API_KEY, Server, free_port
+from vllm_serve_process import API_KEY, TINY, Server, free_port, tiny_checkpoint
 
 #: A tiny Qwen2 whose head size (64 / 2 = 32) vLLM's CPU attention kernels accept (as tests/vllm).
-TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
 NORMAL = {"prompt_ids": [[5, 6, 7]], "n": 2, "max_tokens": 4, "seed": 1}
 HI = [{"role": "user", "content": "hi"}]
 #: A request chat template that would render for hours: 10**10 loop iterations.
@@ -69,13 +68,8 @@ def normal_generate_answers(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from grpocli.models import build_char_tokenizer, build_tiny_model, save_model
-    from grpocli.recipe.schema import TinyModel
-
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_char_tokenizer()
-    save_model(build_tiny_model(TinyModel(**TINY), tokenizer, 0), tokenizer, directory)
-    return directory
+    """A tiny policy + tokenizer saved as a checkpoint (what `grpo vllm-serve --model` reads)."""
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 def _started(tiny_dir, tmp_path_factory, **kwargs) -> Server:

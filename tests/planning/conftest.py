@@ -1,15 +1,4 @@
-"""Each test here opens accelerate with the mixed precision it needs (accelerate keeps one state
-per process and refuses another precision once it is set)."""
+"""Each test here opens accelerate with the mixed precision it needs: accelerate's state is reset
+around every test (tests/accelerate_state.py)."""
 
-from __future__ import annotations
-
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state()
-    yield
-    AcceleratorState._reset_state()
+from accelerate_state import fresh_accelerate_state  # noqa: F401  (an autouse fixture)

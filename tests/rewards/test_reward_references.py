@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_runner import assert_clean_error
 
 from grpocli.errors import UserError
 from grpocli.registry.names import Registry
@@ -88,11 +89,6 @@ def test_registered_names_keep_priority_and_model_options_need_a_model(tmp_path,
 
 
 # -- each mistake through the real command line ------------------------------------------------
-def assert_clean_error(out, *needles: str) -> None:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr, out.stderr
-    for needle in needles:
-        assert needle in out.stderr, f"{needle!r} not in:\n{out.stderr}"
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ except ImportError:  # pragma: no cover - grpocli itself is importable in every 
     pass
 
 #: A tiny Qwen2 whose head size (64 / 2 = 32) vLLM's CPU attention kernels accept.
-TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
 
 
 def hf_greedy(model, prompt_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -64,19 +63,14 @@ def reference_logprobs():
     return hf_logprobs
 
 
-from vllm_serve_process import API_KEY, Server, free_port as _free_port  # noqa: E402
+from vllm_serve_process import API_KEY, TINY, Server, tiny_checkpoint  # noqa: E402
+from vllm_serve_process import free_port as _free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny policy + tokenizer saved as a checkpoint (what `grpo vllm-serve --model` reads)."""
-    from grpocli.models import build_char_tokenizer, build_tiny_model, save_model
-    from grpocli.recipe.schema import TinyModel
-
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_char_tokenizer()
-    save_model(build_tiny_model(TinyModel(**TINY), tokenizer, 0), tokenizer, directory)
-    return directory
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
