@@ -18,11 +18,11 @@ The format ``F`` is made of three parts: ``think`` (``<think>\\n...\\n</think>\\
 ``answer`` (``<answer>\\n...\\n</answer>`` around the answer, DeepSeek-R1's layout, which the
 strict format reward wants) and ``boxed`` (``\\boxed{...}`` around the answer). It is read from
 the recipe's words to the model (data.system_prompt, data.template, the first row's prompt:
-a mention of ``<think>``, ``<answer>`` or ``boxed``), else from the format the recipe's own
+a mention of ``<think>``, ``<answer>`` or ``boxed``), and from the format the recipe's own
 rewards are known to check (``REWARD_FORMATS``: the built-in format rewards, TRL's
-``think_format_reward`` and its math-verify rewards, which read ``\\boxed{}``), else it is
-plain; ``--format`` sets it. The probe idea follows the reward-hacking checks of the DeepSeek-R1
-and DAPO reports (format-only and length-only pay) in a form that runs before any training.
+``think_format_reward`` and its math-verify rewards, which read ``\\boxed{}``), both together;
+plain when neither names a part; ``--format`` sets it. The probes follow the reward hacks the
+DeepSeek-R1 and DAPO reports name (pay for format or length alone), checked before training.
 """
 
 from __future__ import annotations
@@ -105,15 +105,17 @@ def parse_format(text: str) -> Format:
 
 
 def detect_format(texts: Sequence[tuple[str, str | None]], reward_fns: Sequence[Any]) -> Format:
-    """The format the recipe asks for: named in ``texts`` ((source, text) pairs, first that
-    names one), else what its rewards check (REWARD_FORMATS), else plain."""
-    for source, text in texts:
-        if not text:
-            continue
-        found = tuple(p for p, mark in zip(PARTS, ("<think>", "<answer>", "boxed")) if mark in text)
-        if found:
-            return Format(found, source)
+    """The format the recipe asks for: the parts named in ``texts`` ((source, text) pairs: the
+    first text that names any), together with the parts its rewards check (REWARD_FORMATS);
+    plain when neither names one."""
     parts: set[str] = set()
+    sources = []
+    for source, text in texts:
+        found = {p for p, mark in zip(PARTS, ("<think>", "<answer>", "boxed")) if text and mark in text}
+        if found:
+            parts.update(found)
+            sources.append(source)
+            break
     named = []
     for rf in reward_fns:
         fn = rf.fn
@@ -121,9 +123,11 @@ def detect_format(texts: Sequence[tuple[str, str | None]], reward_fns: Sequence[
         if key in REWARD_FORMATS:
             parts.update(REWARD_FORMATS[key])
             named.append(rf.name)
-    if parts:
-        return Format(tuple(p for p in PARTS if p in parts), f"what reward(s) {', '.join(named)} check")
-    return Format()
+    if named:
+        sources.append(f"what {', '.join(named)} check{'s' if len(named) == 1 else ''}")
+    if not parts:
+        return Format()
+    return Format(tuple(p for p in PARTS if p in parts), " and ".join(sources))
 
 
 def gold_column(columns: Sequence[str], chosen: str | None) -> str | None:

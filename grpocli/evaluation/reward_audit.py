@@ -139,9 +139,10 @@ def _cell(report: RewardReport, probe: str) -> str:
     return f"{mean:.3g}" + (f" ({nones} None)" if nones else "")
 
 
-def _short(text: str, limit: int = 40) -> str:
+def _short(text: str, head: int = 12, tail: int = 28) -> str:
+    """The text's repr, its middle left out when long (the answer is at the end)."""
     shown = repr(text)
-    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+    return shown if len(shown) <= head + tail + 3 else f"{shown[:head]}...{shown[-tail:]}"
 
 
 def _raise_if_fatal(reward_fns: list[RewardFn], reports: list[RewardReport]) -> None:
@@ -152,4 +153,5 @@ def _raise_if_fatal(reward_fns: list[RewardFn], reports: list[RewardReport]) -> 
     where = ", ".join(f"rewards[{i}] ({rep.name})" for i, rep in bad)
     raise UserError(f"{len(bad)} of {len(reports)} rewards cannot train: {said}", where=where,
                     valid="a reward that returns one float (or None) per completion and scores the probes "
-                    "differently", hint="fix the reward (or drop it from [[rewards]]), then run grpo check-rewards again")
+                    "differently", hint="fix the reward (or drop it from [[rewards]]), then run grpo check-rewards again; a format reward "
+                    "whose format the probes lack: name the format with --format (e.g. think+answer)")
