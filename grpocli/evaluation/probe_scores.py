@@ -12,8 +12,9 @@ Flags (``EPS`` is the smallest difference that counts), from the mean score of e
     fails                     raised, timed out or returned something else than a score (exit 2)
     constant                  one value (or None) for every probe completion (exit 2): no signal
     returns None              None for some probe completions ("does not apply": scored 0)
+    length alone              a wrong answer scores as the right one, and padding the right one
+                              (same answer, same format: the "long" probe) changes its score
     format alone              a wrong answer in format scores as the right one, and the format pays
-    length alone              neither answer nor format moves it, length does (empty, long, repeated)
     cannot tell right from wrong   the right answer scores no more than a wrong one, for no reason above
     pays for padding          the right answer padded long or repeated scores more than alone
 """
@@ -119,13 +120,14 @@ def _contrasts(report: RewardReport, has_gold: bool) -> list[Flag]:
     out = []
     blind = has_gold and right is not None and wrong is not None and right <= wrong + EPS
     format_pays = right is not None and bare is not None and abs(right - bare) > EPS
-    length_moves = right is not None and any(abs(v - right) > EPS for v in lengths.values())
-    if blind and format_pays:
-        out.append(Flag("format alone", f"a wrong answer in format scores {wrong:.3g}, the right one {right:.3g}, "
-                        f"the right one without the format {bare:.3g}: it pays for the format, not the answer"))
-    elif blind and length_moves:
+    long = lengths.get("long")
+    length_moves = right is not None and long is not None and abs(long - right) > EPS  # same answer and format
+    if blind and length_moves:
         out.append(Flag("length alone", f"the right answer scores {right:.3g}, a wrong one {wrong:.3g}, while "
                         + _listed(lengths) + ": it pays for length, not the answer"))
+    elif blind and format_pays:
+        out.append(Flag("format alone", f"a wrong answer in format scores {wrong:.3g}, the right one {right:.3g}, "
+                        f"the right one without the format {bare:.3g}: it pays for the format, not the answer"))
     elif blind:
         out.append(Flag("cannot tell right from wrong",
                         f"the right answer scores {right:.3g}, a wrong one in the same format {wrong:.3g}"))

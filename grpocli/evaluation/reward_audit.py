@@ -47,6 +47,7 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
     from grpocli.recipe import load_recipe
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve
+    from grpocli.rewards.scoring import trainer_state
 
     console = console or Console(highlight=False, soft_wrap=True)
     _check_counts(rows, sample)
@@ -66,7 +67,8 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
                           r.generation.max_completion_length)
     if sample:
         probes.append(_sampled(r, tokenizer, picked, sample))
-    reports = score_probes(reward_fns, picked, probes, tokenizer, prompt_column=r.data.prompt_column)
+    state = trainer_state(global_step=0, max_steps=r.train.steps)  # TRL's keyword, as at the first step
+    reports = score_probes(reward_fns, picked, probes, tokenizer, prompt_column=r.data.prompt_column, state=state)
     audit = Audit(found, gold, probes, reports)
     _print(console, resolved.name, audit, len(picked), r)
     _raise_if_fatal(reward_fns, reports)
