@@ -88,8 +88,9 @@ def test_probes_differ_in_one_thing():
 
 def test_builtin_rewards(user_files):
     system = "data.system_prompt='Think in <think> </think>, answer in <answer> </answer>.'"
-    audit, out = run([system, "rewards=[{name='arithmetic.exact'}, {name='math.accuracy'}, {name='format.strict'}, "
-                      "{name='length', args={target=8}}]"])
+    rewards = ("rewards=[{name='arithmetic.exact'}, {name='math.accuracy'}, {name='format.strict'}, "
+               "{name='length', args={target=8}}]")
+    audit, out = run([system, rewards])
     assert audit.fmt.parts == ("think", "answer") and audit.fmt.source == "data.system_prompt and what format.strict checks"
     reports = by_name(audit)
     for name in ("arithmetic.exact", "math.accuracy"):  # right 1, wrong 0: they tell right from wrong
@@ -105,9 +106,9 @@ def test_trl_rewards_get_message_lists(user_files):
     pytest.importorskip("trl.rewards", reason="TRL is not installed")
     import user_rewards
 
-    audit, out = run([f"data.dataset='{user_files / 'conv.jsonl'}'", "data.args={}",
-                      'rewards=[{name="trl.rewards:accuracy_reward"}, {name="trl.rewards:think_format_reward"}, '
-                      '{name="user_rewards:full", weight=0.01}]'])
+    rewards = ('rewards=[{name="trl.rewards:accuracy_reward"}, {name="trl.rewards:think_format_reward"}, '
+               '{name="user_rewards:full", weight=0.01}]')
+    audit, out = run([f"data.dataset='{user_files / 'conv.jsonl'}'", "data.args={}", rewards])
     assert audit.gold == "solution" and audit.fmt.parts == ("think", "boxed")  # what TRL's rewards check
     reports = by_name(audit)
     accuracy = reports["accuracy_reward"]
@@ -117,6 +118,7 @@ def test_trl_rewards_get_message_lists(user_files):
     assert seen["completion"][0]["role"] == "assistant" and seen["prompt"][0]["role"] == "user"
     assert seen["step"] == 0 and seen["solution"] == "0" and len(seen["ids"]) > 0
     assert [f.kind for f in reports["full"].flags] == ["length alone"]  # it scores len(content)
+    assert "accuracy_reward" in out and "format think+boxed" in out
 
 
 def test_constant_and_raising_rewards_exit_2(user_files, grpo):
