@@ -48,6 +48,7 @@ class RewardReport:
     name: str
     values: dict[str, list[float | None]] = field(default_factory=dict)  # probe -> [P]
     failures: dict[str, str] = field(default_factory=dict)               # probe -> what went wrong
+    hint: str | None = None                                              # the first failure's advice
     flags: list[Flag] = field(default_factory=list)
 
     def mean(self, probe: str) -> float | None:
@@ -63,7 +64,7 @@ def score_probes(reward_fns: Sequence[RewardFn], rows: list[dict[str, Any]], pro
                  tokenizer: Any, *, prompt_column: str = "prompt", state: Any = None) -> list[RewardReport]:
     """Every reward's scores on every probe, flagged (``rows`` are rendered dataset rows)."""
     reports = []
-    for rf in reward_fns:
+    for i, rf in enumerate(reward_fns):
         report = RewardReport(rf.name)
         strict = replace(rf, on_error="raise")
         for probe in probes:
@@ -71,9 +72,15 @@ def score_probes(reward_fns: Sequence[RewardFn], rows: list[dict[str, Any]], pro
                 report.values[probe.name] = _score_one(strict, rows, probe, tokenizer, prompt_column, state)
             except UserError as exc:
                 report.failures[probe.name] = exc.what
+                report.hint = report.hint or _renumbered(exc.hint, i)
         report.flags = flags(report, has_gold=any(p.name == "gold" for p in probes))
         reports.append(report)
     return reports
+
+
+def _renumbered(hint: str | None, i: int) -> str | None:
+    """A failure's advice, which names the reward as entry 0 of the one-reward call, with its real index."""
+    return None if hint is None else hint.replace("rewards[0]", f"rewards[{i}]").replace("entry 0", f"entry {i}")
 
 
 def _score_one(rf: RewardFn, rows: list[dict[str, Any]], probe: Probe, tokenizer: Any, prompt_column: str,

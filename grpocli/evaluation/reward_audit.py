@@ -153,7 +153,9 @@ def _raise_if_fatal(reward_fns: list[RewardFn], reports: list[RewardReport]) -> 
         return
     said = "; ".join(f"{rep.name} ({f.kind}: {f.reason})" for _, rep in bad for f in rep.flags if f.fatal)
     where = ", ".join(f"rewards[{i}] ({rep.name})" for i, rep in bad)
+    advice = "; ".join(dict.fromkeys(f"{rep.name}: {rep.hint}" for _, rep in bad if rep.hint))
     raise UserError(f"{len(bad)} of {len(reports)} rewards cannot train: {said}", where=where,
                     valid="a reward that returns one float (or None) per completion and scores the probes "
-                    "differently", hint="fix the reward (or drop it from [[rewards]]), then run grpo check-rewards again; a format reward "
-                    "whose format the probes lack: name the format with --format (e.g. think+answer)")
+                    "differently", hint=(f"{advice}; " if advice else "") + "fix the reward (or drop it from "
+                    "[[rewards]]), then run grpo check-rewards again; a format reward whose format the probes "
+                    "lack: name the format with --format (e.g. think+answer)")

@@ -130,6 +130,7 @@ def test_constant_and_raising_rewards_exit_2(user_files, grpo):
     assert "FAIL boom: fails: on probe(s) empty: reward 'boom' raised ValueError: cannot score an empty" in done.stdout
     assert "warn length: length alone" in done.stdout
     assert "rewards[0] (constant), rewards[1] (boom)" in done.stderr and "Traceback" not in done.stderr
+    assert "[[rewards]] entry 1" in done.stderr  # the failure's own advice, with boom's real index
 
 
 def test_bad_answer_column(user_files):
