@@ -70,6 +70,9 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
     state = trainer_state(global_step=0, max_steps=r.train.steps)  # TRL's keyword, as at the first step
     reports = score_probes(reward_fns, picked, probes, tokenizer, prompt_column=r.data.prompt_column, state=state)
     audit = Audit(found, gold, probes, reports)
+    if r.tools or r.multi_turn.environment:  # the probes are single-turn: say so, not silently
+        console.print("note: the recipe trains with tools ([[tools]] / multi_turn.environment); the probes are "
+                      "single-turn completions, without tool calls or environments")
     _print(console, resolved.name, audit, len(picked), r)
     _raise_if_fatal(reward_fns, reports)
     return audit

@@ -13,6 +13,7 @@ from rich.console import Console
 from tiny_runs import TINY_MODEL
 
 from grpocli.errors import UserError
+from grpocli.evaluation.probe_scores import RewardReport, flags
 from grpocli.evaluation.probes import Format, build_probes, detect_format, parse_format, wrong_answer
 from grpocli.evaluation.reward_audit import check_rewards
 
@@ -84,6 +85,23 @@ def test_probes_differ_in_one_thing():
     assert err.value.where == "--format" and "think, answer, boxed" in err.value.valid
     found = detect_format([("data.system_prompt", "Write \\boxed{} at the end")], [])
     assert found.parts == ("boxed",) and found.source == "data.system_prompt"
+
+
+def kinds(**values):
+    return [(f.kind, f.fatal) for f in flags(RewardReport("r", values=values), has_gold=True)]
+
+
+def test_flags_read_the_probe_means():
+    base = {"gold": [1.0, 1.0], "wrong": [0.0, 0.0], "no format": [0.0, 0.0], "empty": [0.0, 0.0]}
+    assert kinds(**base, long=[1.0, 1.0], repeated=[1.0, 1.0]) == []
+    assert kinds(**base, long=[2.0, 2.0], repeated=[1.0, 1.0]) == [("pays for padding", False)]
+    assert kinds(**{**base, "wrong": [1.0, None]}, long=[1.0, 1.0]) == [("returns None", False), ("format alone", False)]
+    assert kinds(gold=[0.5, 0.0], wrong=[0.0, 0.5], empty=[0.0, 0.0], long=[0.25, 0.25]) == [
+        ("cannot tell right from wrong", False)]
+    assert kinds(gold=[None, None], wrong=[None, None]) == [("constant", True)]
+    assert kinds(gold=[2.0], wrong=[2.0], empty=[2.0]) == [("constant", True)]
+    report = RewardReport("r", values={"gold": [1.0]}, failures={"empty": "raised ValueError"})
+    assert [(f.kind, f.fatal) for f in flags(report, has_gold=True)] == [("fails", True)]
 
 
 def test_builtin_rewards(user_files):
