@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import bench, evaluate, export, failures, imports, inspect, new, plan, ref_serve, serve, train
+from grpocli.cli import bench, check_rewards, evaluate, export, failures, imports, inspect, new, plan, ref_serve, serve, train
 from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
@@ -31,6 +31,7 @@ plan.add_to(app)
 bench.add_to(app)
 imports.add_to(app)
 new.add_to(app)
+check_rewards.add_to(app)
 
 
 def _version(value: bool) -> None:

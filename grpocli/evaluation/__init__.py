@@ -1,4 +1,5 @@
-"""`grpo eval` and evaluation during training: sample, score with the recipe's rewards, pass@k.
+"""`grpo eval` and evaluation during training: sample, score with the recipe's rewards, pass@k;
+`grpo check-rewards`: the rewards on probe completions before training.
 
     estimators.py  pass@k (Chen et al. 2021), mean@N, maj@N: pure functions
     answers.py     the final answer of a completion, for majority voting
@@ -8,4 +9,7 @@
     report.py      the comparison table
     comparison.py  `grpo eval RECIPE` end to end: base and checkpoints, one table
     periodic.py    PeriodicEval: evaluation every eval.every steps inside the training loop
+    probes.py      `grpo check-rewards`: probe completions (gold, wrong, no format, empty, long, repeated)
+    probe_scores.py  each reward's scores on the probes, and the flags they raise
+    reward_audit.py  `grpo check-rewards RECIPE` end to end: the table, the flags, exit 2
 """

@@ -147,12 +147,12 @@ def model_section_for(model: ModelSection, target: Target) -> ModelSection:
 
 
 def _open_checked(target: Target, model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
-    """`_open_backend`, where a checkpoint that vanished since it was chosen is said to be gone."""
+    """`open_backend`, where a checkpoint that vanished since it was chosen is said to be gone."""
     with while_reading(target, "grpo eval", "--checkpoint"):
-        return _open_backend(model, r, sampling)
+        return open_backend(model, r, sampling)
 
 
-def _open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
+def open_backend(model: CheckpointModel, r: Recipe, sampling: Sampling) -> tuple[Any, Any]:
     """The model (adapters merged) and the recipe's generation backend around it, made to hold
     completions of ``sampling.max_tokens``."""
     import torch
