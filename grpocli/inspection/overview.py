@@ -59,7 +59,7 @@ def read_metrics(path: Path) -> MetricsFile:
     """Every complete line, merged by step; a torn last line or a bad line (not JSON, not UTF-8)
     is noted, not fatal."""
     out = MetricsFile()
-    found = read_jsonlline_numbers(path)
+    found = read_jsonl_lines(path)
     by_step: dict[Any, dict[str, Any]] = {}
     for number, row in enumerate(found.rows, start=1):
         by_step.setdefault(row.get("step", f"row {number}"), {}).update(row)
@@ -199,7 +199,7 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
             hint=f"grpo inspect {run.root} --rollouts {available[-1]}" if available
             else "train with log.rollouts_every=N",
         )
-    found = read_jsonlline_numbers(path)
+    found = read_jsonl_lines(path)
     rows = found.rows
     if not rows:
         raise UserError(f"{path} holds no complete rollout yet", where="--rollouts",
