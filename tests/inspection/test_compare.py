@@ -127,7 +127,7 @@ def test_cli_bad_input_exits_2_without_a_traceback_or_torch(runs, tmp_path):
     probe = ("import sys; from grpocli.cli.app import main; sys.argv = ['grpo', 'compare', *sys.argv[1:]]\n"
              "try:\n    main()\nfinally:\n    print('HEAVY:' + ','.join(m for m in ('torch', 'vllm') if m in sys.modules))")
     for args, (code, message) in cases.items():
-        out = subprocess.run([sys.executable, "-c", probe, *args, "--no-plot"], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", probe, *args, "--no-plot"], check=False, capture_output=True, text=True,
                              cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "160"})
         assert out.returncode == code, (args, out.stdout, out.stderr)
         assert message in (out.stderr if code else out.stdout) and "Traceback" not in out.stderr, out.stderr
