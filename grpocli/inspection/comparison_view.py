@@ -28,6 +28,8 @@ from grpocli.inspection.comparison import (
 )
 from grpocli.inspection.overview import eval_keys, fmt_value, sparkline, tail_text
 
+VALUE_WIDTH = 10  # a column of last values or differences (fmt_value: 3 significant digits)
+
 
 def show_comparison(paths: Sequence[str], *, step: int | None = None, prompt: int = 1, png: Path | None = None,
                     console: Console | None = None) -> None:
@@ -43,8 +45,7 @@ def show_comparison(paths: Sequence[str], *, step: int | None = None, prompt: in
             console.print(Text("note: ", style="yellow") + Text(f"{r.label}: {note}"))
     console.print(config_table(runs))
     if any(r.metrics.history for r in runs):
-        width = max(8, min(40, (console.width - 40) // len(runs) - 12))
-        console.print(metrics_table(runs, spark_width=width))
+        console.print(metrics_table(runs, width=console.width))
     console.print(evaluations_table(runs) or Text("no run has evaluation results (eval/*/summary.json) yet"))
     _show_rollouts(runs, step, prompt, console)
     if png is not None and any(r.metrics.history for r in runs):
@@ -70,19 +71,25 @@ def config_table(runs: Sequence[ComparedRun]) -> Table | Text:
     return table
 
 
-def metrics_table(runs: Sequence[ComparedRun], *, spark_width: int = 16) -> Table:
+def metrics_table(runs: Sequence[ComparedRun], *, width: int = 120) -> Table:
     """One row per key metric: each run's last value and its sparkline, every run's drawn on the
-    metric's scale over all runs and on one step axis (a run with fewer steps draws a shorter line)."""
+    metric's scale over all runs and on one step axis (a run with fewer steps draws a shorter line);
+    the sparklines share what of ``width`` (the console's) the other columns leave."""
     last = max(r.last_step for r in runs) or 1
+    keys = metric_keys(runs)
+    columns = 1 + 2 * len(runs) + (len(runs) == 2)
+    fixed = max(map(len, keys), default=6) + VALUE_WIDTH * (len(runs) + (len(runs) == 2)) + 2 * columns
+    spark_width = max(8, min(48, (width - fixed) // len(runs)))
     table = Table(title="metrics: last value and trend (one scale per metric, one step axis)",
+                  caption=f"difference: {runs[-1].label} minus {runs[0].label}, last values" if len(runs) == 2 else None,
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("metric", style="bold", no_wrap=True)
     for r in runs:
-        table.add_column(f"{r.label} (steps {r.last_step})", justify="right", no_wrap=True)
+        table.add_column(r.label, justify="right", no_wrap=True)
         table.add_column("trend", no_wrap=True)
     if len(runs) == 2:
-        table.add_column(f"{runs[1].label} - {runs[0].label}", justify="right", no_wrap=True)
-    for key in metric_keys(runs):
+        table.add_column("difference", justify="right", no_wrap=True)
+    for key in keys:
         curves = [plot.series(r.metrics.history, key) for r in runs]
         every = [v for _, values in curves for v in values]
         cells = []
