@@ -97,14 +97,17 @@ def to_toml(recipe: Recipe) -> str:
 
 
 def sources_json(resolved: Resolved, ran: Recipe) -> str:
-    """{dotted key: where its value came from} for every key of ``ran`` (the recipe as it ran),
-    as JSON: written to <run>/config.sources.json beside config.resolved.toml, so `grpo compare`
-    can say why two runs differ. A value the run decided itself (train.num_processes under
-    accelerate, ...) and that differs from the recipe's is labelled "set when the run started"."""
+    """{dotted key: where its value came from} for the keys of ``ran`` (the recipe as it ran) not
+    left at their defaults, as JSON (a key not listed is "default"): written to
+    <run>/config.sources.json beside config.resolved.toml, so `grpo compare` can say why two runs
+    differ. A value the run decided itself (train.num_processes under accelerate, ...) and that
+    differs from the recipe's is labelled "set when the run started"."""
     asked = flatten(resolved.recipe)
     out = {}
     for key, value in flatten(ran).items():
-        out[key] = resolved.source_of(key) if asked.get(key, value) == value else "set when the run started"
+        source = resolved.source_of(key) if asked.get(key, value) == value else "set when the run started"
+        if source != DEFAULT:
+            out[key] = source
     return json.dumps(out, indent=0, sort_keys=True) + "\n"
 
 
