@@ -1,6 +1,7 @@
 """The run directory: a contract between training, eval, inspect and users. No torch here.
 
     <run>/config.resolved.toml
+    <run>/config.sources.json        {dotted key: where its value came from} (default, file, env, argument)
     <run>/metrics.jsonl              one JSON object per step
     <run>/rollouts/step-N.jsonl      prompt, completion, each reward, advantage
     <run>/checkpoints/step-N/        model + tokenizer (save_pretrained) + trainer/ state and recipe.toml
@@ -66,6 +67,10 @@ class RunDir:
         return self.root / "config.resolved.toml"
 
     @property
+    def config_sources(self) -> Path:
+        return self.root / "config.sources.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 
@@ -103,7 +108,7 @@ class RunDir:
         number = 1 + sum(1 for p in self.history.glob("attempt-*")) if self.history.is_dir() else 1
         folder = self.history / f"attempt-{number}"
         folder.mkdir(parents=True)
-        for path in (self.metrics, self.config, self.rollouts, self.root / "eval"):
+        for path in (self.metrics, self.config, self.config_sources, self.rollouts, self.root / "eval"):
             if path.exists():
                 os.replace(path, folder / path.name)
         return folder, len(rows)

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import bench, check_rewards, evaluate, export, failures, imports, inspect, new, plan, ref_serve, serve, train
+from grpocli.cli import bench, check_rewards, compare, evaluate, export, failures, imports, inspect, new, plan, ref_serve, serve, train
 from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
@@ -27,6 +27,7 @@ ref_serve.add_to(app)
 evaluate.add_to(app)
 export.add_to(app)
 inspect.add_to(app)
+compare.add_to(app)
 plan.add_to(app)
 bench.add_to(app)
 imports.add_to(app)

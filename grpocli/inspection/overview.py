@@ -69,8 +69,11 @@ def read_metrics(path: Path) -> MetricsFile:
     return out
 
 
-def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH) -> str:
-    """Unicode block sparkline of the finite values, averaged into at most ``width`` buckets."""
+def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH, *,
+              low: float | None = None, high: float | None = None) -> str:
+    """Unicode block sparkline of the finite values, averaged into at most ``width`` buckets,
+    scaled between their own extremes or between ``low`` and ``high`` (a scale shared by the
+    runs `grpo compare` sets side by side)."""
     finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     if not finite:
         return ""
@@ -79,7 +82,8 @@ def sparkline(values: Sequence[float | None], width: int = SPARK_WIDTH) -> str:
     for b in range(buckets):
         part = finite[b * len(finite) // buckets:(b + 1) * len(finite) // buckets]
         means.append(sum(part) / len(part))
-    low, high = min(means), max(means)
+    low = min(means) if low is None else low
+    high = max(means) if high is None else high
     if high - low <= 1e-12 * max(1.0, abs(high)):
         return SPARKS[3] * buckets
     return "".join(SPARKS[min(len(SPARKS) - 1, int((v - low) / (high - low) * len(SPARKS)))] for v in means)
@@ -90,16 +94,16 @@ def show_run(path: str, rollouts_step: int | None = None, *, n: int = 3, write_p
     """Print the run's summary, notes, evaluations, metrics table and alerts, and write metrics.png
     (unless ``write_png`` is false); with ``rollouts_step``, print that step's rollouts instead."""
     console = console or Console(highlight=False, soft_wrap=True)
-    run = _open_run(path)
+    run = open_run(path)
     if rollouts_step is not None:
         show_rollouts(run, rollouts_step, n=n, console=console)
         return
     metrics = read_metrics(run.metrics)
-    config = _read_config(run)
+    config = read_config(run)
     console.rule(escape(f"run {run.root}"))
     for line in _summary(run, metrics, config):
         console.print(line)
-    for note in _notes(run, metrics, config):
+    for note in run_notes(run, metrics, config):
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
     evals = eval_table(run)
     if evals is not None:
@@ -131,7 +135,7 @@ def metrics_table(history: list[dict[str, Any]], *, spark_width: int = SPARK_WID
     for key in plot.panel_keys(history, keys):
         _, values = plot.series(history, key)
         if values:
-            table.add_row(key, *(_fmt(v) for v in (values[0], values[-1], min(values), max(values))),
+            table.add_row(key, *(fmt_value(v) for v in (values[0], values[-1], min(values), max(values))),
                           sparkline(values, spark_width))
     return table
 
@@ -147,25 +151,38 @@ def reward_logs(run: RunDir) -> dict[str, list[str]]:
     return {k: [str(x) for x in found.get(k) or [] if isinstance(x, str)] for k in ("metrics", "columns")}
 
 
-def eval_table(run: RunDir) -> Table | None:
-    """The `grpo eval` (and in-training) results saved under <run>/eval/*/summary.json."""
+def eval_results(run: RunDir) -> list[tuple[str, dict[str, Any]]]:
+    """(name, metrics) of each `grpo eval` (and in-training) result saved under
+    <run>/eval/*/summary.json that can be read, by name."""
     rows = []
     for path in sorted((run.root / "eval").glob("*/summary.json")):
         try:
             summary = json.loads(path.read_bytes())
         except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             continue
-        rows.append((path.parent.name, summary.get("metrics") or {}))
+        metrics = summary.get("metrics") if isinstance(summary, dict) else None
+        rows.append((path.parent.name, metrics if isinstance(metrics, dict) else {}))
+    return rows
+
+
+def eval_keys(rows: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The metrics an evaluation table shows: reward, pass@k, mean@N, maj@N and the mean length."""
+    return [k for k in dict.fromkeys(k for _, m in rows for k in m)
+            if k == "reward" or k.startswith(("pass@", "mean@", "maj@")) or k == "completions/mean_length"]
+
+
+def eval_table(run: RunDir) -> Table | None:
+    """The `grpo eval` (and in-training) results saved under <run>/eval/*/summary.json."""
+    rows = eval_results(run)
     if not rows:
         return None
-    keys = [k for k in dict.fromkeys(k for _, m in rows for k in m)
-            if k == "reward" or k.startswith(("pass@", "mean@", "maj@")) or k == "completions/mean_length"]
+    keys = eval_keys(rows)
     table = Table(title=f"evaluations in {run.root / 'eval'}", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("eval", style="bold", no_wrap=True)
     for key in keys:
         table.add_column("length" if key == "completions/mean_length" else key, justify="right", no_wrap=True)
     for name, m in rows:
-        table.add_row(Text(name), *(_fmt(m.get(k)) for k in keys))
+        table.add_row(Text(name), *(fmt_value(m.get(k)) for k in keys))
     return table
 
 
@@ -174,7 +191,7 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
     the dataset columns of their prompts (the gold answer, ...)."""
     path = run.rollout_file(step)
     if not path.exists():
-        available = sorted(_rollout_steps(run))
+        available = sorted(rollout_steps(run))
         raise UserError(
             f"no rollouts for step {step} in {run.root}", where="--rollouts",
             valid=f"steps with rollouts: {', '.join(map(str, available))}" if available
@@ -188,7 +205,7 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
         raise UserError(f"{path} holds no complete rollout yet", where="--rollouts",
                         hint="the run may still be writing it; try again")
     if found.skipped:
-        console.print(f"[yellow]note:[/yellow] {escape(_lines(found.skipped))} of {escape(str(path))} "
+        console.print(f"[yellow]note:[/yellow] {escape(line_numbers(found.skipped))} of {escape(str(path))} "
                       "cannot be read (not UTF-8 JSON); skipped")
     ranked = sorted(rows, key=lambda r: _num(r.get("reward")), reverse=True)
     kept = sum(bool(r.get("kept", True)) for r in rows)
@@ -211,8 +228,8 @@ def show_rollouts(run: RunDir, step: int, *, n: int = 3, console: Console) -> No
             table.add_column("log_extra", max_width=30, overflow="fold")
         table.add_column("completion", overflow="fold")
         for r in chosen:
-            cells = [_fmt(r.get("reward")), Text(_reward_parts(r)), _fmt(r.get("advantage")),
-                     Text(_tail(" ".join(str(r.get("prompt", "")).split()), 80))]
+            cells = [fmt_value(r.get("reward")), Text(_reward_parts(r)), fmt_value(r.get("advantage")),
+                     Text(tail_text(" ".join(str(r.get("prompt", "")).split()), 80))]
             if columns:
                 cells.append(Text(_columns(r.get("columns"))))
             if extra:
@@ -226,9 +243,9 @@ def _show_conversations(kind: str, chosen: list[dict[str, Any]], console: Consol
     then the conversation turn by turn at the console's full width."""
     console.print(Text(f"{kind} {len(chosen)}", style="bold"))
     for k, r in enumerate(chosen, start=1):
-        console.rule(Text(f"{kind} {k}: reward {_fmt(r.get('reward'))}, advantage {_fmt(r.get('advantage'))}"
+        console.rule(Text(f"{kind} {k}: reward {fmt_value(r.get('reward'))}, advantage {fmt_value(r.get('advantage'))}"
                           f"; {_reward_parts(r)}"), align="left")
-        console.print(Text("prompt (end): " + _tail(" ".join(str(r.get("prompt", "")).split()), 80), style="dim"))
+        console.print(Text("prompt (end): " + tail_text(" ".join(str(r.get("prompt", "")).split()), 80), style="dim"))
         if r.get("columns"):
             console.print(Text(_columns(r.get("columns")), style="dim"))
         console.print(conversation_text(r.get("conversation")))
@@ -236,32 +253,34 @@ def _show_conversations(kind: str, chosen: list[dict[str, Any]], console: Consol
 
 def _reward_parts(r: dict[str, Any]) -> str:
     """Each reward's value, and whether the rollout was truncated or dropped from the loss."""
-    parts = ", ".join(f"{k} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items())
+    parts = ", ".join(f"{k} {fmt_value(v)}" for k, v in (r.get("rewards") or {}).items())
     return parts + (" (truncated)" if r.get("truncated") else "") + ("" if r.get("kept", True) else " (dropped)")
 
 
 # -- pieces ---------------------------------------------------------------------------------
-def _open_run(path: str) -> RunDir:
+def open_run(path: str, *, where: str = "grpo inspect", topics: Sequence[str] = TOPICS) -> RunDir:
+    """The run directory at ``path``; a UserError (named after the command ``where``) when there is
+    none, or no sign of a run in it; ``topics``: the other words the command takes (did-you-mean)."""
     root = Path(path).expanduser()
     run = RunDir(root)
     if not root.exists():
         from grpocli.errors import did_you_mean
 
         raise UserError(
-            f"no run directory at {path}{did_you_mean(path, TOPICS)}", where="grpo inspect",
-            valid=f"{' | '.join(TOPICS)} | a run directory (with metrics.jsonl)",
-            hint="ls runs/   or   grpo inspect recipes",
+            f"no run directory at {path}{did_you_mean(path, topics)}", where=where,
+            valid=" | ".join([*topics, "a run directory (with metrics.jsonl)"]),
+            hint=f"ls {root.parent}/" + ("   or   grpo inspect recipes" if topics else ""),
         )
     if not (run.has_run() or run.config.exists() or run.rollouts.is_dir()):
         raise UserError(
             f"{path} is not a run directory: it has no metrics.jsonl, config.resolved.toml or checkpoints/",
-            where="grpo inspect", valid="the train.output_dir of a `grpo train` run",
+            where=where, valid="the train.output_dir of a `grpo train` run",
             hint="grpo train quickstart   (writes runs/quickstart)",
         )
     return run
 
 
-def _read_config(run: RunDir) -> dict[str, Any]:
+def read_config(run: RunDir) -> dict[str, Any]:
     try:
         return tomllib.loads(run.config.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
@@ -277,7 +296,7 @@ def _summary(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[
     seconds = timed_seconds(metrics.history)
     checkpoints = ", ".join(p.name + (" (damaged)" if checkpoint_problems(p, resume=False) else "")
                             for _, p in run.list_checkpoints()) or "none"
-    rollouts = ", ".join(map(str, sorted(_rollout_steps(run)))) or "none"
+    rollouts = ", ".join(map(str, sorted(rollout_steps(run)))) or "none"
     return [
         f"model [bold]{model}[/bold]  dataset [bold]{data}[/bold]  rewards [bold]{rewards}[/bold]",
         f"steps logged [bold]{logged}[/bold]" + (f" of {planned}" if planned else "")
@@ -295,7 +314,8 @@ def timed_seconds(history: list[dict[str, Any]]) -> float:
                and not isinstance(v, bool) and math.isfinite(v))
 
 
-def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[str]:
+def run_notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[str]:
+    """What is missing, torn or unfinished in the run: a run still being written says so here."""
     notes = []
     if not run.config.exists():
         notes.append("config.resolved.toml is missing: the recipe of this run is unknown")
@@ -305,7 +325,7 @@ def _notes(run: RunDir, metrics: MetricsFile, config: dict[str, Any]) -> list[st
         notes.append(f"the last line of metrics.jsonl is incomplete (line {metrics.last_line}: the run is "
                      "writing it, or stopped mid-write); it is left out")
     if metrics.bad_lines:
-        notes.append(f"{_lines(metrics.bad_lines)} of metrics.jsonl cannot be read (not UTF-8 JSON); skipped")
+        notes.append(f"{line_numbers(metrics.bad_lines)} of metrics.jsonl cannot be read (not UTF-8 JSON); skipped")
     planned = config.get("train", {}).get("steps")
     logged = metrics.history[-1].get("step", 0) if metrics.history else 0
     if planned and isinstance(logged, int) and logged < planned:
@@ -357,7 +377,7 @@ def _write_png(run: RunDir, history: list[dict[str, Any]], console: Console) -> 
     console.print(f"plot: {escape(str(target))}")
 
 
-def _rollout_steps(run: RunDir) -> list[int]:
+def rollout_steps(run: RunDir) -> list[int]:
     if not run.rollouts.is_dir():
         return []
     steps = []
@@ -368,7 +388,7 @@ def _rollout_steps(run: RunDir) -> list[int]:
     return steps
 
 
-def _lines(numbers: list[int]) -> str:
+def line_numbers(numbers: list[int]) -> str:
     """'line 7' or 'lines 3, 9, ...' (the first five)."""
     shown = ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
     return f"line {shown}" if len(numbers) == 1 else f"lines {shown}"
@@ -378,7 +398,7 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else -math.inf
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "-" if v is None else str(v)
     if isinstance(v, int) or (v.is_integer() and abs(v) < 1e9):
@@ -390,8 +410,8 @@ def _columns(columns: Any) -> str:
     """The dataset columns of a rollout (the gold answer, ...), as ``name: value`` lines."""
     if not isinstance(columns, dict):
         return ""
-    return "\n".join(f"{k}: {_tail(' '.join(str(v).split()), 60)}" for k, v in columns.items())
+    return "\n".join(f"{k}: {tail_text(' '.join(str(v).split()), 60)}" for k, v in columns.items())
 
 
-def _tail(text: str, limit: int) -> str:
+def tail_text(text: str, limit: int) -> str:
     return text if len(text) <= limit else "..." + text[-(limit - 3):]

@@ -59,18 +59,31 @@ def panel_keys(history: Sequence[dict[str, Any]], patterns: Sequence[str]) -> li
 
 def write_plot(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     """Draw the PANELS as a grid into a PNG at ``path`` (needs matplotlib); return the path."""
+    return write_overlay({"": history}, path, title=title)
+
+
+def write_overlay(histories: dict[str, Sequence[dict[str, Any]]], path: Path, *, title: str = "") -> Path:
+    """The PANELS of several runs ({label: history}) overlaid, one colour per run (`grpo compare`);
+    with one run (label ""), one colour per metric as `grpo inspect` draws it. Needs matplotlib."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(13, 7.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 3).ravel()
+    colours = [f"C{i % 10}" for i in range(len(histories))]
     for ax, (name, patterns, ylabel) in zip(axes, PANELS):
-        keys = panel_keys(history, patterns)
-        for key in keys:
-            steps, values = series(history, key)
-            if steps:
-                ax.plot(steps, values, label=key, **_style(key, key == keys[0], len(steps)))
+        keys = panel_keys([m for h in histories.values() for m in h], patterns)
+        for colour, (label, history) in zip(colours, histories.items()):
+            for key in keys:
+                steps, values = series(history, key)
+                if not steps:
+                    continue
+                style = _style(key, key == keys[0], len(steps))
+                if len(histories) > 1:  # colour says the run; a thin dotted line a secondary key
+                    secondary = key != keys[0] and not key.startswith("eval/")  # eval curves stay dashed
+                    style.update(color=colour, linestyle=":" if secondary else style["linestyle"])
+                ax.plot(steps, values, label=f"{label}: {key}" if label else key, **style)
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -9,8 +9,9 @@ from grpocli.recipe.loader import (
     flatten,
     load_recipe,
     parse_overrides,
+    sources_json,
     to_toml,
 )
 from grpocli.recipe.schema import Recipe
 
-__all__ = ["Recipe", "Resolved", "flatten", "load_recipe", "parse_overrides", "to_toml"]
+__all__ = ["Recipe", "Resolved", "flatten", "load_recipe", "parse_overrides", "sources_json", "to_toml"]

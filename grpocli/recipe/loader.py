@@ -96,6 +96,21 @@ def to_toml(recipe: Recipe) -> str:
     return tomli_w.dumps(recipe.model_dump(mode="json", exclude_none=True))
 
 
+def sources_json(resolved: Resolved, ran: Recipe) -> str:
+    """{dotted key: where its value came from} for the keys of ``ran`` (the recipe as it ran) not
+    left at their defaults, as JSON (a key not listed is "default"): written to
+    <run>/config.sources.json beside config.resolved.toml, so `grpo compare` can say why two runs
+    differ. A value the run decided itself (train.num_processes under accelerate, ...) and that
+    differs from the recipe's is labelled "set when the run started"."""
+    asked = flatten(resolved.recipe)
+    out = {}
+    for key, value in flatten(ran).items():
+        source = resolved.source_of(key) if asked.get(key, value) == value else "set when the run started"
+        if source != DEFAULT:
+            out[key] = source
+    return json.dumps(out, indent=0, sort_keys=True) + "\n"
+
+
 def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
     """{'train': {'steps': 3}} -> {'train.steps': 3}; lists of tables get [i] keys."""
     if isinstance(values, BaseModel):
@@ -213,8 +228,8 @@ def _env_values(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 def _merge(dst: dict, sources: dict[str, str], src: dict, label: str, prefix: str) -> None:
     for key, value in src.items():
         dotted = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict) and isinstance(dst.get(key), dict) and not _is_free_dict(dotted):
-            _merge(dst[key], sources, value, label, dotted)
+        if isinstance(value, dict) and isinstance(dst.setdefault(key, {}), dict) and not _is_free_dict(dotted):
+            _merge(dst[key], sources, value, label, dotted)  # each key its own source, set before or not
             continue
         dst[key] = value
         for sub in [k for k in sources if k == dotted or k.startswith(dotted + ".")]:

@@ -19,7 +19,7 @@ from grpocli.data.stream import PromptStream
 from grpocli.errors import UserError
 from grpocli.inspection.alerts import Watch
 from grpocli.parallel import Parallel
-from grpocli.recipe import Recipe, Resolved, to_toml
+from grpocli.recipe import Recipe, Resolved, sources_json, to_toml
 from grpocli.recipe.resume import Change, check_resume, saved_recipe
 from grpocli.rewards import RewardFn
 from grpocli.rundir import RunDir, resume_point
@@ -185,8 +185,9 @@ class Session:
             self._keep_history(resume_from, changed)
             # what ran, however it was launched: the processes, the mixed precision applied, the sharding
             ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.sharding}
-            self.run.config.write_text(to_toml(r.model_copy(update={"train": r.train.model_copy(update=ran)})),
-                                       encoding="utf-8")
+            ran_recipe = r.model_copy(update={"train": r.train.model_copy(update=ran)})
+            self.run.config.write_text(to_toml(ran_recipe), encoding="utf-8")
+            self.run.config_sources.write_text(sources_json(self.resolved, ran_recipe), encoding="utf-8")
             self.metrics = MetricsLog(self.run, resume_step=self.state.step)
         if r.log.report_to:
             from grpocli.recipe import flatten

@@ -8,7 +8,9 @@ import sys
 import pytest
 from cli_runner import ROOT
 
-COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["ref-serve"], ["eval"], ["export"], ["inspect"], ["plan"], ["bench"], ["import"], ["import", "trl"], ["check-rewards"]]
+COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["ref-serve"], ["reward-serve"], ["eval"], ["export"],
+            ["inspect"], ["compare"], ["check-rewards"], ["plan"], ["bench"], ["import"], ["import", "trl"],
+            ["new"], ["new", "plugin"], ["new", "recipe"]]
 
 PROBE = """
 import sys

@@ -119,3 +119,19 @@ def test_recipe_file_bytes_empty_files_and_output_dir(tmp_path):
     for value in ("''", "'  '"):
         with pytest.raises(UserError, match="output_dir is empty"):
             load_recipe("quickstart", [f"train.output_dir={value}"])
+
+
+def test_each_key_of_a_section_the_file_lacks_keeps_its_own_source():
+    import json
+
+    from grpocli.recipe import sources_json
+
+    resolved = load_recipe("quickstart", ["eval.every=3", "eval.n=2", "model.tiny.num_layers=1"])
+    assert resolved.source_of("eval.every") == "argument eval.every=3"
+    assert resolved.source_of("model.tiny.num_layers") == "argument model.tiny.num_layers=1"
+    assert resolved.source_of("eval.k") == "default"
+    ran = resolved.recipe.model_copy(update={"train": resolved.recipe.train.model_copy(update={"num_processes": 2})})
+    sources = json.loads(sources_json(resolved, ran))  # what <run>/config.sources.json holds
+    assert sources["eval.n"] == "argument eval.n=2" and "train.seed" not in sources  # not listed: default
+    assert sources["train.learning_rate"].startswith("file ")
+    assert sources["train.num_processes"] == "set when the run started"
