@@ -248,6 +248,9 @@ def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any]) -> None:
         raise UserError(f"timeout of reward {spec.name!r} is {timeout}", where=f"rewards[{i}].timeout",
                         valid="seconds >= 0 (0 = no limit)")
     check_reward_args(i, spec.name, fn, spec.args)
+    check_values = getattr(fn, "check_args", None)  # a reward's own check of its args' values (code.tests:
+    if callable(check_values):                        # the sandbox it asks for can be set up here)
+        check_values(dict(spec.args), where=f"rewards[{i}].args")
 
 
 def _check_batch(fns, prompts, completions, columns, completion_ids, combination) -> None:
