@@ -43,6 +43,7 @@ UID_SLOTS = 4096
 BWRAP_PROCESSES = 2  # bwrap's own processes that share the case's uid count (none: they run as root)
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
+STARTUP_S = 1.0  # wall seconds a case gets on top of its timeout: bwrap and the interpreter start
 READ_CAP = 1 << 20  # bytes of a case's stdout that are compared
 
 
@@ -186,7 +187,7 @@ def _run_in(root: Path, program: Program, limits: Limits, isolation: str, python
         if program.mode == "assert":
             _send(proc, token)
         try:
-            returncode = proc.wait(timeout=limits.timeout_s + 0.5)  # + interpreter start-up
+            returncode = proc.wait(timeout=limits.timeout_s + STARTUP_S)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             return Outcome("timeout")
@@ -322,7 +323,7 @@ class _UidSlot:
 
 
 def _processes_of(uid: int) -> list[int]:
-    """Pids of the processes whose real uid is ``uid`` (a scan of /proc)."""
+    """Pids of the live processes whose real uid is ``uid`` (a scan of /proc; zombies left out)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -330,6 +331,8 @@ def _processes_of(uid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/status") as f:
                 for line in f:
+                    if line.startswith("State:") and line.split()[1] in "ZX":
+                        break  # dead, waiting to be reaped by init: nothing left to kill
                     if line.startswith("Uid:"):
                         if int(line.split()[1]) == uid:
                             pids.append(int(entry))
