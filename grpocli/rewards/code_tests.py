@@ -140,8 +140,12 @@ def _io_case(given: Any, expected: Any, fn_name: str | None) -> tuple[str, str, 
         want = _json_or_text(expected) if isinstance(expected, str) else expected
         code = CALL_CHECK.format(fn=fn_name, args=json.dumps(args), expected=json.dumps(want))
         return "assert", code, ""
-    text = lambda v: "\n".join(map(str, v)) if isinstance(v, list) else str(v)  # noqa: E731 - lines of a list
-    return "stdio", text(expected), text(given)
+    return "stdio", _lines(expected), _lines(given)
+
+
+def _lines(value: Any) -> str:
+    """A stdin or stdout as text; a list holds its lines."""
+    return "\n".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _json_or_text(value: str) -> Any:

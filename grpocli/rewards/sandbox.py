@@ -132,7 +132,7 @@ def bwrap_problem() -> str | None:
     if exe not in _BWRAP_CHECKED:
         argv = [exe, *_bwrap_mounts(None), "--", sys.executable, "-I", "-c", "pass"]
         try:
-            run = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=_environment("/"))
+            run = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30, env=_environment("/"))
             _BWRAP_CHECKED[exe] = None if run.returncode == 0 else (
                 f"`bwrap` failed to make its namespaces: {run.stderr.strip()[-300:]} (user namespaces may be "
                 "disabled: sysctl kernel.unprivileged_userns_clone=1, or run as root)")
@@ -351,7 +351,7 @@ def _kill_uid(uid: int) -> None:
         if not pids:
             return
         if kill is not None:
-            subprocess.run([kill, "-s", "KILL", "--", "-1"], user=uid, group=uid, extra_groups=[], env={}, cwd="/",
+            subprocess.run([kill, "-s", "KILL", "--", "-1"], check=False, user=uid, group=uid, extra_groups=[], env={}, cwd="/",
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             for pid in pids:

@@ -125,7 +125,7 @@ def test_hostile_completions_score_zero_and_leave_nothing(isolation, temp_root, 
     assert _sandbox_processes() == []
     assert sorted(p.name for p in temp_root.iterdir()) == ["grpo-sandbox-uids"]  # only the uid pool's locks
     assert took < 30, took
-    assert subprocess.run(["true"], timeout=5).returncode == 0  # the machine still forks
+    assert subprocess.run(["true"], check=False, timeout=5).returncode == 0  # the machine still forks
 
 
 @pytest.mark.parametrize("isolation", LEVELS)
@@ -202,7 +202,7 @@ def test_bwrap_missing_is_exit_2_before_the_model_loads(tmp_path):
 
 @pytest.mark.slow
 def test_training_goes_on_with_garbage_completions(tmp_path):
-    rows = [{"prompt": f"Write add(a, b) #{i}", "tests": ADD_TESTS} for i in range(8)]
+    rows = [{"prompt": f"Write add(a, b) #{i}", "tests": ADD_TESTS[:1]} for i in range(8)]
     data = tmp_path / "code.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     temp_root = Path(tempfile.mkdtemp(prefix="grpo-sbx-train-", dir="/tmp"))
@@ -211,14 +211,14 @@ def test_training_goes_on_with_garbage_completions(tmp_path):
     rewards = 'rewards=[{name="code.tests", args={case_timeout=1.0, workers=2}}]'
     try:
         done = run_grpo("train", "quickstart", *FAST, f"data.dataset={data}", "data.args={}", rewards,
-                        "train.torch_threads=1", f"train.output_dir={out}", env={"TMPDIR": str(temp_root)},
+                        "train.steps=1", "train.torch_threads=1", f"train.output_dir={out}", env={"TMPDIR": str(temp_root)},
                         timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
         steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "loss" in line]
-        assert len(steps) == 2
+        assert len(steps) == 1
         assert steps[-1]["rewards/code.tests/mean"] == 0.0, steps[-1]
-        assert sum(steps[-1].get(f"sandbox/{s}", 0) for s in ("failed", "crashed", "timeout")) == 32, steps[-1]
-        assert sorted(p.name for p in temp_root.iterdir()) == ["grpo-sandbox-uids"]
+        assert sum(steps[-1].get(f"sandbox/{s}", 0) for s in ("failed", "crashed", "timeout")) == 16, steps[-1]
+        assert [p.name for p in temp_root.iterdir() if p.name.startswith("grpo-")] == ["grpo-sandbox-uids"]
         assert _sandbox_processes() == []
     finally:
         shutil.rmtree(temp_root, ignore_errors=True)
