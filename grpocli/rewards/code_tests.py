@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -91,7 +92,29 @@ def parse_args(args: dict[str, Any], where: str = "rewards.args") -> tuple[CodeT
         raise UserError(f"code.tests arg {key}: {first['msg']}", where=f"{where}.{key}",
                         valid=field.description if field else ", ".join(ARG_NAMES)) from None
     isolation = resolve_isolation(parsed.isolation, where=f"{where}.isolation")
-    return parsed, isolation, interpreter(parsed.python, isolation, where=f"{where}.python")
+    python = interpreter(parsed.python, isolation, where=f"{where}.python")
+    _probe(isolation, python, where)
+    return parsed, isolation, python
+
+
+_PROBED: set[tuple[str, str, str]] = set()
+
+
+def _probe(isolation: str, python: str, where: str) -> None:
+    """One trivial case must pass here, once per level, interpreter and temp dir: a sandbox that cannot
+    run (a temp dir its uid cannot enter, an interpreter it cannot read) would score every case 0."""
+    key = (isolation, python, tempfile.gettempdir())
+    if key in _PROBED:
+        return
+    out = run_program(Program("ok = True", "assert", tests="assert ok"), Limits(timeout_s=30), isolation, python)
+    if out.status != "passed":
+        raise UserError(
+            f"the {isolation!r} sandbox could not run a trivial case on this machine ({out.status}, exit "
+            f"{out.returncode}): {out.stderr.strip()[-600:] or '(no output)'}",
+            where=f"{where}.isolation", valid="a sandbox in which `assert True` passes",
+            hint="at the process level as root the temp dir ($TMPDIR) and the interpreter must be reachable by "
+            'other users (e.g. TMPDIR=/tmp); or set isolation = "bwrap" (see docs/code-sandbox.md)')
+    _PROBED.add(key)
 
 
 def extract_code(text: str) -> str:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -72,6 +72,7 @@ class Outcome:
     status: Status
     stdout: str = ""
     returncode: int | None = None
+    stderr: str = ""  # its last 2000 characters
 
 
 def resolve_isolation(isolation: str, where: str = "isolation") -> str:
@@ -190,10 +191,13 @@ def _run_in(root: Path, program: Program, limits: Limits, isolation: str, python
             returncode = proc.wait(timeout=limits.timeout_s + STARTUP_S)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            return Outcome("timeout")
+            return Outcome("timeout", stderr=err_path.read_bytes()[-2000:].decode("utf-8", errors="replace"))
         finally:
             _kill_group(proc)
-    return _judge(program, returncode, token, case_dir, out_path)
+    with open(err_path, "rb") as f:
+        f.seek(max(0, err_path.stat().st_size - 2000))
+        stderr = f.read().decode("utf-8", errors="replace")
+    return replace(_judge(program, returncode, token, case_dir, out_path), stderr=stderr)
 
 
 def _judge(program: Program, returncode: int, token: str, case_dir: Path, out_path: Path) -> Outcome:

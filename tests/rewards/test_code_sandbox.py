@@ -85,7 +85,7 @@ def _hostile(port: int, secret_name: str, outside: Path, shared: Path) -> dict[s
 
 
 def _sandbox_processes() -> list[int]:
-    """Pids running under a sandbox uid, or children of this process (a /proc scan)."""
+    """Live processes under a sandbox uid, or children of this process (a /proc scan)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -95,6 +95,8 @@ def _sandbox_processes() -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].split()[0] in ("Z", "X"):
+            continue  # dead, holding only its pid until init reaps it
         uid = int(fields["Uid"].split()[0])
         if sandbox.UID_BASE <= uid < sandbox.UID_BASE + sandbox.UID_SLOTS or int(fields["PPid"]) == os.getpid():
             found.append(int(entry))
