@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import grpocli
 from grpocli.errors import UserError
+from grpocli.rewards.code_tests import code_tests
 from grpocli.rewards.expression import parse_expression
 from grpocli.rewards.text import (
     answer_tag,
@@ -212,6 +213,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "arithmetic.exact": arithmetic_exact,
     "countdown.equation": countdown_equation,
     "math.accuracy": math_accuracy,
+    "code.tests": code_tests,
 }
 
 
