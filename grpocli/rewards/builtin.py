@@ -17,6 +17,7 @@ from typing import Any, Callable
 import grpocli
 from grpocli.errors import UserError
 from grpocli.rewards.expression import parse_expression
+from grpocli.rewards.judge import judge
 from grpocli.rewards.text import (
     answer_tag,
     completion_text,
@@ -212,6 +213,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "arithmetic.exact": arithmetic_exact,
     "countdown.equation": countdown_equation,
     "math.accuracy": math_accuracy,
+    "judge": judge,
 }
 
 
