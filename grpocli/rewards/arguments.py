@@ -15,8 +15,8 @@ Light imports only. The marker itself, ``grpocli.recipe_args``, is the registry'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from grpocli.registry import contracts
 from grpocli.registry.contracts import REWARD, Resolved

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpocli
 from grpocli.errors import UserError

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from grpocli.errors import UserError
-from grpocli.rewards.arguments import check_reward_signature
 from grpocli.registry.contracts import Resolved
+from grpocli.rewards.arguments import check_reward_signature
 from grpocli.rewards.judge import DEFAULT_RUBRIC, JudgeArgs, ReplyCache, check_args, judge, render
 from grpocli.rewards.verdicts import normalized, parse_score
 

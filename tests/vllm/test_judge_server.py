@@ -16,12 +16,12 @@ pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip i
 pytest.importorskip("openai", reason="the judge reward needs openai: pip install 'grpocli[judge]'")
 pytestmark = pytest.mark.vllm
 
-from recording_proxy import RecordingProxy  # noqa: E402
-from tiny_runs import FAST  # noqa: E402
-from vllm_serve_process import API_KEY  # noqa: E402
+from recording_proxy import RecordingProxy
+from tiny_runs import FAST
+from vllm_serve_process import API_KEY
 
-from grpocli.rewards import judge as judge_module  # noqa: E402
-from grpocli.rewards.scoring import RewardLog  # noqa: E402
+from grpocli.rewards import judge as judge_module
+from grpocli.rewards.scoring import RewardLog
 
 CHAT = ("POST", "/v1/chat/completions")
 PROMPTS = ["What is 2+3?", "What is 7*6?", "Name a colour.", "What is 2+3?"]
