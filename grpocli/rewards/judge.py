@@ -157,8 +157,9 @@ class Judge:
             reply = self.client.chat.completions.create(model=a.model, messages=messages, temperature=a.temperature,
                                                         max_tokens=a.max_tokens, extra_body=a.extra_body or None)
         except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
-            raise JudgeUnavailable(f"the judge at {self.url} did not answer after {a.max_retries} retries: "
-                                   f"{type(exc).__name__}: {exc}") from None
+            raise JudgeUnavailable(f"the judge at {self.url} did not answer after {a.max_retries} retries "
+                                   f"({type(exc).__name__}: {exc}); start it (e.g. grpo vllm-serve --model DIR "
+                                   "--port N), or fix args.base_url") from None
         except openai.APIStatusError as exc:  # 4xx: the request itself is wrong (model name, key, fields)
             raise UserError(f"the judge at {self.url} refused the request ({exc.status_code}): {_detail(exc)}",
                             where="rewards (judge).args",

@@ -134,3 +134,16 @@ def test_docs_describe_every_arg() -> None:
     missing = [name for name in JudgeArgs.model_fields if f"`{name}`" not in page]
     assert not missing, missing
     assert "{completion}" in DEFAULT_RUBRIC and "Score: N" in DEFAULT_RUBRIC
+
+
+def test_an_endpoint_that_does_not_answer_raises_for_on_error_to_decide(monkeypatch) -> None:
+    import socket
+
+    from grpocli.rewards import judge as judge_module
+
+    monkeypatch.setattr(judge_module, "_judges", {})
+    with socket.socket() as sock:  # a port that nothing listens on (bound, never listening)
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        with pytest.raises(judge_module.JudgeUnavailable, match=r"did not answer after 0 retries.*fix args.base_url"):
+            judge(["q"], ["a"], model="m", base_url=url, max_retries=0, timeout=5.0)
