@@ -15,15 +15,18 @@ class RecordingProxy:
 
     def __init__(self, target: str, *, timeout: float = 180) -> None:
         bodies = self.bodies = []
+        paths = self.paths = []  # (method, path) of every request, in order
 
         class Forward(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:
                 pass
 
             def do_GET(self) -> None:
+                paths.append(("GET", self.path))
                 self.forward(None)
 
             def do_POST(self) -> None:
+                paths.append(("POST", self.path))
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path == "/generate":
                     bodies.append(json.loads(data))

@@ -5,7 +5,10 @@ itself: ``grpocli.registry.hookspecs.REWARD_KEYWORDS``, TRL's) plus the names it
 ``@grpocli.recipe_args`` marker declares: the marker is how a reward that reads an arg through
 ``**kwargs`` says so. Any other key in a ``[[rewards]] args`` table is refused before a model
 loads, so a misspelt arg is an error instead of a silently used default. The checks themselves
-are the registry's, one for every kind of callable (``grpocli.registry.contracts``).
+are the registry's, one for every kind of callable (``grpocli.registry.contracts``). A reward
+that carries ``fn.check_args(args, columns, where=...)`` (the built-ins ``judge``: its rubric's
+placeholders against the columns; ``code.tests``: that its sandbox can be set up here) has its arg
+values checked too, in the same pass (``grpo train --dry-run``).
 
 Light imports only. The marker itself, ``grpocli.recipe_args``, is the registry's
 (``grpocli.registry.contracts.recipe_args``): curricula use it too.
@@ -13,8 +16,8 @@ Light imports only. The marker itself, ``grpocli.recipe_args``, is the registry'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from grpocli.registry import contracts
 from grpocli.registry.contracts import REWARD, Resolved
@@ -40,3 +43,6 @@ def check_reward_signature(index: int, reward: Resolved, args: Mapping[str, Any]
     (RESERVED), a dataset column or a ``[[rewards]] args`` key; or one it can only take by position."""
     contracts.check(reward, REWARD, where=f"rewards[{index}].name", args=args, args_where=f"rewards[{index}].args",
                     columns=columns)
+    check_values = getattr(reward.fn, "check_args", None)  # a built-in's own checks of its arg values
+    if callable(check_values):
+        check_values(args, columns, where=f"rewards[{index}].args")

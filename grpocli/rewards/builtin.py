@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpocli
 from grpocli.errors import UserError
 from grpocli.rewards.code_tests import code_tests
 from grpocli.rewards.expression import parse_expression
+from grpocli.rewards.judge import judge
 from grpocli.rewards.text import (
     answer_tag,
     completion_text,
@@ -214,6 +216,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "countdown.equation": countdown_equation,
     "math.accuracy": math_accuracy,
     "code.tests": code_tests,
+    "judge": judge,
 }
 
 

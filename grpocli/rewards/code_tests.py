@@ -25,6 +25,7 @@ import json
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -214,9 +215,9 @@ def _score(passed: int, cases: int, mode: str) -> float:
     return passed / cases
 
 
-def check_args(args: dict[str, Any], where: str = "rewards.args") -> None:
+def check_args(args: dict[str, Any], columns: Collection[str] = (), *, where: str = "rewards.args") -> None:
     """Before any model loads: the args' values, and that the sandbox can be set up here."""
     parse_args(args, where)
 
 
-code_tests.check_args = check_args  # called by grpocli.rewards.scoring.resolve (preflight)
+code_tests.check_args = check_args  # run at preflight by grpocli.rewards.arguments.check_reward_signature

@@ -208,8 +208,8 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
     model directory (``grpocli.rewards.references``; registered names first). UserError for a
     name none of these resolves, a weight that is not finite, an unknown on_error, or an arg the
-    reward does not accept (``grpocli.rewards.arguments``); a reward with a ``check_args(args, where=)``
-    attribute checks its args' values itself (``code.tests``: that its sandbox runs here). A function that takes none of a
+    reward does not accept (``grpocli.rewards.arguments``, which also runs a built-in's own
+    ``check_args`` at preflight). A function that takes none of a
     reward's keywords is a factory, called once here with its args (``grpocli.rewards.factories``),
     and what it returns is the reward. Labels are TRL's: a function's name (a registered reward's
     name, a reward model's directory name, a factory's made function's name); where two different
@@ -249,9 +249,6 @@ def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any]) -> None:
         raise UserError(f"timeout of reward {spec.name!r} is {timeout}", where=f"rewards[{i}].timeout",
                         valid="seconds >= 0 (0 = no limit)")
     check_reward_args(i, spec.name, fn, spec.args)
-    check_values = getattr(fn, "check_args", None)  # a reward's own check of its args' values (code.tests:
-    if callable(check_values):                        # the sandbox it asks for can be set up here)
-        check_values(dict(spec.args), where=f"rewards[{i}].args")
 
 
 def _check_batch(fns, prompts, completions, columns, completion_ids, combination) -> None:

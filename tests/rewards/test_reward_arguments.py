@@ -20,6 +20,7 @@ from grpocli.registry.names import Registry
 from grpocli.rewards import resolve
 from grpocli.rewards.arguments import accepted_args, check_reward_args
 from grpocli.rewards.builtin import BUILTIN_REWARDS
+from grpocli.rewards.judge import JudgeArgs
 
 
 def kw_only(prompts: list, completions: list, **kwargs: Any) -> list[float]:
@@ -105,6 +106,7 @@ def test_builtins_accept_their_args_and_not_the_columns_they_read() -> None:
         "math.accuracy": {"answer_column"},
         "code.tests": {"tests_column", "mode", "case_timeout", "memory_mb", "max_processes", "file_size_mb",
                        "workers", "isolation", "python"},
+        "judge": set(JudgeArgs.model_fields),
     }
 
 
