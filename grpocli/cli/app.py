@@ -7,7 +7,7 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import bench, evaluate, export, failures, imports, inspect, plan, ref_serve, serve, train
+from grpocli.cli import bench, evaluate, export, failures, imports, inspect, plan, ref_serve, reward_serve, serve, train
 from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ app = typer.Typer(
 train.add_to(app)
 serve.add_to(app)
 ref_serve.add_to(app)
+reward_serve.add_to(app)
 evaluate.add_to(app)
 export.add_to(app)
 inspect.add_to(app)
