@@ -8,7 +8,7 @@ import sys
 import pytest
 from cli_runner import ROOT
 
-COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["ref-serve"], ["eval"], ["export"], ["inspect"], ["plan"], ["bench"], ["import"], ["import", "trl"]]
+COMMANDS = [[], ["train"], ["vllm-serve"], ["serve"], ["ref-serve"], ["reward-serve"], ["eval"], ["export"], ["inspect"], ["plan"], ["bench"], ["import"], ["import", "trl"]]
 
 PROBE = """
 import sys
