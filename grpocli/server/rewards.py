@@ -44,6 +44,7 @@ from grpocli.rewards.remote import KEY_ENV, PROTOCOL_VERSION, SCORE_PATH, jsonab
 from grpocli.server.access import LOOPBACK, add_error_handlers, key_check
 
 DEFAULT_PORT = 8100
+_import_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,12 @@ class Calls:
                 served, req, future = self.jobs.get(timeout=1.0)
             except queue.Empty:
                 continue
-            if future.set_running_or_notify_cancel():
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
                 future.set_result(score_batch(served, req, self.timeout))
+            except Exception as exc:  # noqa: BLE001 - grpo's own failure: answered, the server goes on
+                future.set_result((500, {"detail": f"grpo reward-serve failed: {type(exc).__name__}: {exc}"}))
 
 
 def score_batch(served: Served, req: ScoreRequest, timeout: float | None) -> tuple[int, dict[str, Any]]:
@@ -141,7 +146,8 @@ def rebuilt_state(fields: dict[str, Any] | None) -> Any:
     """A ``transformers.TrainerState`` from the fields the client sent (its defaults for the others)."""
     import dataclasses
 
-    from transformers import TrainerState
+    with _import_lock:  # transformers' lazy import is not safe from two threads at once
+        from transformers import TrainerState
 
     if fields is None:
         return TrainerState()
@@ -254,8 +260,12 @@ def run_server(names: list[str], host: str = "127.0.0.1", port: int = DEFAULT_PO
     except KeyboardInterrupt:
         pass
     finally:
+        stopped_itself = not thread.is_alive()
         server.should_exit = True
         thread.join(10)
+    if stopped_itself:  # uvicorn ended without being asked: its own error is above this line
+        print("grpo reward-serve: the HTTP server stopped on its own; exiting", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

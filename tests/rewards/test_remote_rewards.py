@@ -101,8 +101,9 @@ def scored(specs: list[RewardSpec], batch: dict = BATCH):
 
 # -- the keywords ------------------------------------------------------------------------------
 def test_keywords_and_logs_arrive_as_in_process_for_a_module_function(server, keyed):
-    local = scored([RewardSpec(name="srv_rewards:record", args={"scale": 2.0})])
+    # first over HTTP: the server's first request comes while it imports transformers for the TrainerState
     over_http = scored([remote("srv_rewards:record", server.url, args={"scale": 2.0})])
+    local = scored([RewardSpec(name="srv_rewards:record", args={"scale": 2.0})])
     assert over_http.per_reward == local.per_reward == {"record": [2.0, 8.0, 2.0, 12.0]}
     assert over_http.logged.columns == local.logged.columns  # every keyword it saw, as JSON
     seen = json.loads(over_http.logged.columns["seen"][0])
