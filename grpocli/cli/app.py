@@ -7,7 +7,22 @@ import sys
 import typer
 
 from grpocli import __version__
-from grpocli.cli import bench, check_rewards, compare, evaluate, export, failures, imports, inspect, new, plan, ref_serve, serve, train
+from grpocli.cli import (
+    bench,
+    check_rewards,
+    compare,
+    evaluate,
+    export,
+    failures,
+    imports,
+    inspect,
+    new,
+    plan,
+    ref_serve,
+    reward_serve,
+    serve,
+    train,
+)
 from grpocli.errors import Stopped, UserError
 
 app = typer.Typer(
@@ -24,6 +39,7 @@ app = typer.Typer(
 train.add_to(app)
 serve.add_to(app)
 ref_serve.add_to(app)
+reward_serve.add_to(app)
 evaluate.add_to(app)
 export.add_to(app)
 inspect.add_to(app)
@@ -31,8 +47,8 @@ compare.add_to(app)
 plan.add_to(app)
 bench.add_to(app)
 imports.add_to(app)
-new.add_to(app)
 check_rewards.add_to(app)
+new.add_to(app)
 
 
 def _version(value: bool) -> None:

@@ -182,6 +182,30 @@ class RewardSpec(Section):
         "(default: the current CUDA device, else the CPU).",
         json_schema_extra=FREE_ON_RESUME,
     )
+    url: str | list[str] | None = Field(
+        None,
+        description="Score through `grpo reward-serve` server(s) at this URL (or list of URLs, which split each "
+        "batch between them) instead of in this process; `name` then names the reward on the server. A server "
+        "that fails (refused, timed out, 5xx) has its part retried on another; `timeout` bounds each request.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    api_key_env: str | None = Field(
+        None, min_length=1,
+        description="With url: the environment variable holding the servers' API key (default "
+        "GRPO_REWARD_API_KEY, used when set); the key itself never goes in a recipe.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    retries: int | None = Field(
+        None, ge=0, le=20,
+        description="With url: further tries of a part of the batch whose server failed, each on the next "
+        "server (default 2).",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    retry_backoff: float | None = Field(
+        None, ge=0, le=600,
+        description="With url: seconds to wait before the first retry, doubled for each one after (default 1).",
+        json_schema_extra=FREE_ON_RESUME,
+    )
 
 
 class GenerationSection(Section):

@@ -43,9 +43,13 @@ def fail(i: int, rf: RewardFn, exc: BaseException, completions: list, columns: d
     if rf.on_error == "none":
         if isinstance(exc, RewardTimeout):
             _left_running(i, rf, exc, timeout, len(completions))
+        elif getattr(exc, "whole_batch", False):  # a reward server's failure: said, as it may last
+            print(f"warning: reward {rf.name!r} {exc}; it scores this batch of {len(completions)} None "
+                  '(on_error = "none")', file=sys.stderr, flush=True)
         return
     row = None
-    if not getattr(exc, "blocked_loop", False):  # a blocked loop would only block again
+    whole = getattr(exc, "blocked_loop", False) or getattr(exc, "whole_batch", False)
+    if not whole:  # a blocked loop would only block again; a reward server's failure is the batch's
         row = _locate_row(rescore, type(exc), len(completions), timeout)
     place = f"on a batch of {len(completions)} completions"
     if row is not None:
@@ -59,6 +63,8 @@ def _failure(i: int, rf: RewardFn, exc: BaseException, timeout: float | None,
              columns: dict[str, list]) -> tuple[str, str]:
     """What went wrong in words, and what to do about it."""
     none = f'set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+    if getattr(exc, "whole_batch", False):  # grpocli.rewards.remote: its servers failed, or it raised there
+        return str(exc), f"{getattr(exc, 'hint', 'fix the reward')}; or {none}"
     if isinstance(exc, RewardTimeout) and exc.blocked_loop:
         return (f"timed out: {exc}, and the event loop that async rewards share stopped answering",
                 (f"an `async def` reward must await, never block (time.sleep, requests, a lock): use "
@@ -141,6 +147,8 @@ def _origin(exc: BaseException) -> str:
     standard library and installed packages); for a call that timed out, where it was waiting."""
     if isinstance(exc, RewardTimeout):
         return f" (waiting at {exc.stuck_at})" if exc.stuck_at else ""
+    if getattr(exc, "whole_batch", False):  # raised by grpo's HTTP client, not the reward's code
+        return ""
     at = raised_at(exc)
     return f" at {at}" if at else ""
 

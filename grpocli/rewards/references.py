@@ -10,6 +10,9 @@
 4. ``path/to/file.py:function``: the file is loaded as a module (relative paths from the
    working directory; the file's own directory joins the import path, as for a script).
 
+An entry with ``url`` is none of these here: the name is the reward a `grpo reward-serve` server
+resolves the same way, and ``grpocli.rewards.remote.RemoteReward`` calls it there.
+
 TRL's CLI writes a function as ``my_lib.rewards.custom_reward``; here a dotted name is a
 registered name (``countdown.equation``), so a function is written ``my_lib.rewards:custom_reward``.
 The plugin route stays the way to share rewards; these are for one's own experiments.
@@ -57,13 +60,23 @@ class Found:
 
     fn: Callable[..., Any]
     label: str
-    kind: Literal["registered", "function", "model"]
+    kind: Literal["registered", "function", "model", "remote"]
     qualified: str = ""  # the label where another reward of the recipe has the same one ("" : label)
 
 
 def lookup(spec: RewardSpec, index: int, registry: Registry) -> Found:
     """The reward that entry ``index`` of [[rewards]] names; UserError naming rewards[index].name."""
     name, where = spec.name, f"rewards[{index}].name"
+    if getattr(spec, "url", None) is not None:  # scored by grpo reward-serve: the server resolves the name
+        from grpocli.rewards.remote import from_spec, remote_label
+
+        label, qualified = remote_label(name)
+        found = Found(from_spec(spec, index), label, "remote", qualified)
+        _check_model_only(spec, index, name)
+        return found
+    from grpocli.rewards.remote import check_remote_only
+
+    check_remote_only(spec, index)
     if name in registry:
         found = Found(registry.get(name, where=where).fn, name, "registered")
     elif _names_model(name):
@@ -96,15 +109,21 @@ def lookup(spec: RewardSpec, index: int, registry: Registry) -> Found:
     else:
         found = _registered(name, where, registry)
     if found.kind != "model":
-        for key in MODEL_ONLY:
-            if getattr(spec, key, None) is not None:
-                raise UserError(
-                    f"{key} is set for reward {name!r}, which is a function, not a reward model",
-                    where=f"rewards[{index}].{key}",
-                    valid=f"{key} only on entries that name a reward model directory",
-                    hint=f"leave {key} out of this [[rewards]] entry",
-                )
+        _check_model_only(spec, index, name)
     return found
+
+
+def _check_model_only(spec: RewardSpec, index: int, name: str) -> None:
+    """UserError for batch_size or device on an entry that is no local reward model."""
+    for key in MODEL_ONLY:
+        if getattr(spec, key, None) is not None:
+            raise UserError(
+                f"{key} is set for reward {name!r}, which is {'served' if getattr(spec, 'url', None) else 'a function'}, "
+                "not a reward model in this process",
+                where=f"rewards[{index}].{key}",
+                valid=f"{key} only on entries that name a reward model directory (without url)",
+                hint=f"leave {key} out of this [[rewards]] entry",
+            )
 
 
 def _registered(name: str, where: str, registry: Any) -> Found:

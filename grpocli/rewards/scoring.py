@@ -151,7 +151,7 @@ def score(
     log = RewardLog()
     context = {"trainer_state": state if state is not None else trainer_state(),
                "log_extra": log.log_extra, "log_metric": log.log_metric}
-    calls = [(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, context))
+    calls = [(rf.fn, reward_kwargs(i, rf, prompts, completions, columns, completion_ids, context))
              for i, rf in enumerate(fns)]
     timeouts = [rf.timeout if timeout is None else timeout for rf in fns]
     before = None if doing is None else (lambda indices: doing(", ".join(repr(fns[k].name) for k in indices)))
@@ -165,7 +165,7 @@ def score(
             per_reward[rf.name] = [None] * len(completions)
             errors[rf.name] = len(completions)
         else:
-            per_reward[rf.name] = _check_values(i, rf, outcome, len(completions))
+            per_reward[rf.name] = check_values(i, rf, outcome, len(completions))
     weights, gates = [rf.weight for rf in fns], [rf.gate for rf in fns]
     total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
     _check_totals(fns, per_reward, total)
@@ -220,7 +220,7 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     found_all = []
     for i, spec in enumerate(specs):
         found = lookup(spec, i, registry)
-        _check_spec(i, spec, found.fn)
+        _check_spec(i, spec, found.fn, remote=found.kind == "remote")
         found_all.append(found)
     sources: dict[str, set[str]] = {}  # label -> the rewards that have it
     for found in found_all:
@@ -229,7 +229,9 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     for i, (spec, found) in enumerate(zip(specs, found_all)):
         fn, args = found.fn, dict(spec.args)
         base = found.qualified or found.label if len(sources[found.label]) > 1 else found.label
-        if found.kind == "function" and is_factory(fn):  # TRL's get_soft_overlong_punishment(...) and the like
+        if found.kind == "remote":  # the server checks and passes the args (RemoteReward sends them)
+            args = {}
+        elif found.kind == "function" and is_factory(fn):  # TRL's get_soft_overlong_punishment(...) and the like
             (fn, base), args = build(fn, base, args, i), {}
         seen[base] += 1
         label = base if seen[base] == 1 else f"{base}#{seen[base]}"
@@ -238,7 +240,7 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
     return out
 
 
-def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any]) -> None:
+def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any], remote: bool = False) -> None:
     if not math.isfinite(float(spec.weight)):
         raise UserError(f"weight of reward {spec.name!r} is {spec.weight}", where=f"rewards[{i}].weight",
                         valid="a finite number")
@@ -248,7 +250,8 @@ def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any]) -> None:
     if not (math.isfinite(timeout) and timeout >= 0):
         raise UserError(f"timeout of reward {spec.name!r} is {timeout}", where=f"rewards[{i}].timeout",
                         valid="seconds >= 0 (0 = no limit)")
-    check_reward_args(i, spec.name, fn, spec.args)
+    if not remote:  # a served reward's args are checked by its server
+        check_reward_args(i, spec.name, fn, spec.args)
 
 
 def _check_batch(fns, prompts, completions, columns, completion_ids, combination) -> None:
@@ -273,7 +276,8 @@ def _check_batch(fns, prompts, completions, columns, completion_ids, combination
                         valid="unique RewardFn.name (grpocli.rewards.resolve labels repeats name#2)")
 
 
-def _kwargs(i, rf, prompts, completions, columns, completion_ids, context, row: int | None = None) -> dict[str, Any]:
+def reward_kwargs(i, rf, prompts, completions, columns, completion_ids, context,
+                  row: int | None = None) -> dict[str, Any]:
     """The keywords of reward ``i``'s call (of one row alone where ``row`` is given): copies of the
     batch's data (``fresh``), TRL's other keywords, the reward's args."""
     clash = sorted(set(rf.args) & set(columns))
@@ -300,12 +304,12 @@ def _rescorer(i, rf, prompts, completions, columns, completion_ids, context) -> 
     def rescore(row: int, timeout: float | None) -> Any:
         unlogged = RewardLog()
         quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
-        return call_one(rf.fn, _kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row), timeout)
+        return call_one(rf.fn, reward_kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row), timeout)
 
     return rescore
 
 
-def _check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | None]:
+def check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | None]:
     def bad(what: str) -> UserError:
         return UserError(f"reward {rf.name!r} returned {what}", where=f"rewards[{i}] ({rf.name})",
                          valid=VALID_VALUES, hint="fix the reward function's return value")

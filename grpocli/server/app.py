@@ -16,14 +16,13 @@ request may ask for any number of log-probs.
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from grpocli.server.access import LOOPBACK, add_error_handlers, check_port, key_check
 from grpocli.server.chat import check_text_length
 from grpocli.server.host import EngineHost, ServerError
 from grpocli.server.protocol import (
@@ -37,7 +36,6 @@ from grpocli.server.protocol import (
 
 #: Longest a generate request may keep the engine (s); the client's own timeout is usually shorter.
 REQUEST_TIMEOUT = 1800.0
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: float = REQUEST_TIMEOUT,
@@ -155,40 +153,6 @@ def _engine_generate(engine: Any, prompts: list, n: int, sampling: Any, *, seed:
     return engine.generate(prompts, n, sampling, logprobs=logprobs, seed=seed)
 
 
-def add_error_handlers(app: Any) -> None:
-    """Errors as JSON: a ServerError with its status, a 422 listing each invalid field (without
-    echoing the input, which may not be JSON: NaN), anything else a 500 naming the exception."""
-
-    @app.exception_handler(ServerError)
-    async def _server_error(request: Request, exc: ServerError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [
-            {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()]})
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
-
-
-def key_check(api_key: str | None, *, env: str) -> Any:
-    """A dependency that refuses (401) a request without ``api_key``; lets all through without one.
-    ``env`` names the variable grpo train reads the key from."""
-    def check(request: Request) -> None:
-        if api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        got = request.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else "")
-        if not got or not hmac.compare_digest(got.encode(), api_key.encode()):
-            raise HTTPException(401, "this endpoint needs the server's API key: send 'Authorization: Bearer KEY' "
-                                     f"or 'X-API-Key: KEY' (grpo train reads it from {env})")
-
-    return check
-
-
 def _sampling(req: Any) -> Any:
     from grpocli.generation.base import Sampling
 
@@ -240,23 +204,6 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
     finally:
         if not engine_host.close(wait=GRACE):
             exit_now(f"the engine is still inside a call ({engine_host.health() or 'busy'})")
-
-
-def check_port(host: str, port: int, *, command: str) -> None:
-    """UserError (exit 2) before any model loads when ``host:port`` cannot be listened on."""
-    import socket
-
-    from grpocli.errors import UserError
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}", where="--host/--port",
-                            valid="a free port on an address of this machine",
-                            hint=f"pick another port: {command} --model ... --port {port + 1}") from None
 
 
 __all__ = ["add_error_handlers", "build_app", "check_port", "health_answer", "key_check", "run_server"]

@@ -1,0 +1,373 @@
+"""[[rewards]] entries with ``url``: a reward scored by `grpo reward-serve` server(s) over HTTP.
+
+``RemoteReward`` stands in for the function: grpo calls it with the keywords it passes any reward
+(grpocli.rewards.scoring), and it sends them as JSON to ``POST /score``: the prompts, the
+completions (strings or message lists, as TRL hands them), ``completion_ids``, each dataset column
+and the ``trainer_state``'s fields; the server calls the reward on the batch with the same keywords
+and sends back one score (or None) per completion plus what the reward logged through
+``log_extra`` / ``log_metric``, which reach this run's own log as they would in-process.
+
+Several URLs split each batch into contiguous parts, one per server that answered last time,
+sent concurrently. A part whose server fails (connection refused or reset, no answer within
+``timeout``, a 5xx that is not the reward's own error) is sent to the next server after
+``retry_backoff`` seconds (doubled for each further retry), up to ``retries`` times; a server that
+failed is passed over for ``DOWN_S`` seconds while others answer. When every try fails the call
+raises ``ServerFailure`` and the entry's ``on_error`` decides, as for a reward that raised; so
+does the reward raising on the server (``RemoteRewardError``). What no retry can fix is a
+UserError at once, naming the server: a wrong API key (401), a reward the server does not serve
+(404), a request it refuses (422), an answer that breaks the protocol (not JSON, a missing field,
+the wrong number of scores, a score that is no number), and a reward that returns no valid scores.
+
+The API key is read from an environment variable (``api_key_env``, default ``KEY_ENV``), never
+from the recipe. Standard-library HTTP only; no server-side import here (the server is
+grpocli.server.scoring, above this layer).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import http.client
+import json
+import numbers
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpocli.errors import UserError
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import RewardSpec
+
+PROTOCOL_VERSION = 1
+SCORE_PATH = "/score"
+KEY_ENV = "GRPO_REWARD_API_KEY"
+DEFAULT_RETRIES = 2
+DEFAULT_BACKOFF_S = 1.0
+DOWN_S = 30.0  # a server that failed is passed over this long while another answers
+REMOTE_ONLY = ("api_key_env", "retries", "retry_backoff")
+PROTOCOL = ('a JSON object {"scores": [one number or null per completion], "log_extra": {column: [values]}, '
+            '"log_metric": {name: [numbers]}} (grpo reward-serve, protocol 1)')
+START_HINT = "start one: grpo reward-serve REWARD --port 8100, and check [[rewards]] url"
+
+
+class ServerFailure(RuntimeError):
+    """Every try of a part of the batch failed on its server; ``tries``: (url, what happened)."""
+
+    whole_batch = True  # grpocli.rewards.failures: no row to look for, on_error decides
+
+    def __init__(self, reward: str, tries: list[tuple[str, str]]) -> None:
+        self.tries = tries
+        said = "; ".join(f"{url}: {what}" for url, what in tries)
+        super().__init__(f"could not be scored by its reward server(s) after {len(tries)} tries ({said})")
+        self.hint = (f"check that `grpo reward-serve {reward}` runs at each url and answers GET /health; "
+                     "raise rewards[].timeout if it is only slow, or rewards[].retries")
+
+
+class RemoteRewardError(RuntimeError):
+    """The reward raised (or timed out) on its server; the server's words in the message."""
+
+    whole_batch = True
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"failed on its server {url}: {detail}")
+        self.hint = "fix the reward function (the server's log has its traceback)"
+
+
+class _Down(Exception):
+    """A server that did not answer usefully this time: another may."""
+
+
+def urls_of(spec: RewardSpec, index: int) -> list[str]:
+    """The entry's url(s), checked: http(s)://host[:port], no duplicates."""
+    raw = spec.url
+    urls = [raw] if isinstance(raw, str) else list(raw or [])
+    where = f"rewards[{index}].url"
+    if not urls:
+        raise UserError("url is an empty list", where=where, valid="a URL or a list of URLs of grpo reward-serve",
+                        hint=START_HINT)
+    for url in urls:
+        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
+            raise UserError(f"{url!r} is not an http(s) URL", where=where,
+                            valid="http://HOST:PORT of a grpo reward-serve, e.g. http://127.0.0.1:8100",
+                            hint=START_HINT)
+    if len(set(urls)) != len(urls):
+        raise UserError(f"url lists a server twice: {urls}", where=where, valid="distinct URLs")
+    return [u.rstrip("/") for u in urls]
+
+
+def check_remote_only(spec: RewardSpec, index: int) -> None:
+    """UserError for api_key_env, retries or retry_backoff on an entry without url."""
+    for key in REMOTE_ONLY:
+        if getattr(spec, key, None) is not None:
+            raise UserError(f"{key} is set for reward {spec.name!r}, which has no url", where=f"rewards[{index}].{key}",
+                            valid=f"{key} only on entries scored by reward servers (with url = ...)",
+                            hint=f"add url = 'http://HOST:PORT' of a grpo reward-serve, or leave {key} out")
+
+
+def remote_label(name: str) -> tuple[str, str]:
+    """The label and qualified label of the reward a server serves as ``name`` (as in-process)."""
+    if ":" in name:
+        target, _, attr = name.rpartition(":")
+        return attr, (f"{Path(target).name}:{attr}" if target.endswith(".py") or "/" in target else name)
+    if "/" in name or name.startswith((".", "~")):
+        return Path(name).name, ""
+    return name, ""
+
+
+def from_spec(spec: RewardSpec, index: int) -> RemoteReward:
+    """The RemoteReward of entry ``index``; its API key read from the environment now."""
+    env = spec.api_key_env or KEY_ENV
+    key = os.environ.get(env)
+    if spec.api_key_env and not key:
+        raise UserError(f"api_key_env names {env}, which is not set", where=f"rewards[{index}].api_key_env",
+                        valid="the name of an environment variable that holds the servers' API key",
+                        hint=f"export {env}=KEY (the key the servers were started with)")
+    timeout = float(spec.timeout or 0) or None
+    retries = DEFAULT_RETRIES if spec.retries is None else spec.retries
+    backoff = DEFAULT_BACKOFF_S if spec.retry_backoff is None else spec.retry_backoff
+    return RemoteReward(spec.name, urls_of(spec, index), index=index, args=dict(spec.args), timeout=timeout,
+                        retries=retries, backoff=backoff, api_key=key, key_env=env)
+
+
+class RemoteReward:
+    """A reward scored by `grpo reward-serve` server(s) (module docstring); called as grpo calls any reward."""
+
+    bounds_own_time = True  # each request has its timeout: called in the calling thread (grpocli.rewards.invocation)
+
+    def __init__(self, name: str, urls: list[str], *, index: int = 0, args: dict[str, Any] | None = None,
+                 timeout: float | None = None, retries: int = DEFAULT_RETRIES, backoff: float = DEFAULT_BACKOFF_S,
+                 api_key: str | None = None, key_env: str = KEY_ENV) -> None:
+        self.name, self.urls, self.index, self.args = name, urls, index, dict(args or {})
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.api_key, self.key_env = api_key, key_env
+        self.__name__ = remote_label(name)[0]
+        self._down: dict[str, float] = {}  # url -> monotonic time until which it is passed over
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RemoteReward({self.name!r} at {', '.join(self.urls)})"
+
+    def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+        log_extra, log_metric = kwargs.pop("log_extra", None), kwargs.pop("log_metric", None)
+        state, ids = kwargs.pop("trainer_state", None), kwargs.pop("completion_ids", None)
+        for key in self.args:  # what the reward gets as args is sent once, not as columns
+            kwargs.pop(key, None)
+        n = len(completions)
+        if n == 0:
+            return []
+        common = {"protocol": PROTOCOL_VERSION, "reward": self.name, "args": self.args,
+                  "trainer_state": state_fields(state)}
+        answers = self._score_parts(self._parts(n), common, prompts, completions, ids, kwargs)
+        scores: list[float | None] = []
+        for answer in answers:
+            scores.extend(answer["scores"])
+            for column, values in answer.get("log_extra", {}).items():
+                if log_extra is not None:
+                    log_extra(column, values)
+            for metric, values in answer.get("log_metric", {}).items():
+                for value in values if log_metric is not None else ():
+                    log_metric(metric, value)
+        return scores
+
+    # -- splitting the batch -------------------------------------------------------------
+    def _parts(self, n: int) -> list[tuple[int, int, str]]:
+        """Contiguous (start, stop, url) parts, one per server not passed over (all when every one is)."""
+        now = time.monotonic()
+        with self._lock:
+            live = [u for u in self.urls if self._down.get(u, 0.0) <= now] or list(self.urls)
+        count = min(len(live), n)
+        size, extra = divmod(n, count)
+        parts, start = [], 0
+        for k in range(count):
+            stop = start + size + (1 if k < extra else 0)
+            parts.append((start, stop, live[k]))
+            start = stop
+        return parts
+
+    def _score_parts(self, parts, common, prompts, completions, ids, columns) -> list[dict[str, Any]]:
+        bodies = [self._body(common, prompts, completions, ids, columns, start, stop) for start, stop, _ in parts]
+        if len(parts) == 1:
+            return [self._score_part(bodies[0], parts[0][1] - parts[0][0], parts[0][2])]
+        with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="grpo-reward-http") as pool:
+            futures = [pool.submit(self._score_part, body, stop - start, url)
+                       for body, (start, stop, url) in zip(bodies, parts)]
+            outcomes = []
+            for future in futures:
+                try:
+                    outcomes.append(future.result())
+                except Exception as exc:  # noqa: BLE001 - raised below, the clearest first
+                    outcomes.append(exc)
+        failed = [o for o in outcomes if isinstance(o, Exception)]
+        for kind in (UserError, RemoteRewardError, Exception):
+            for exc in failed:
+                if isinstance(exc, kind):
+                    raise exc
+        return outcomes
+
+    def _score_part(self, body: bytes, n: int, first: str) -> dict[str, Any]:
+        """One part's answer, from ``first`` or, if it fails, the next servers in turn."""
+        order = [first] + [u for u in self.urls if u != first]
+        tries: list[tuple[str, str]] = []
+        for attempt in range(1 + self.retries):
+            url = order[attempt % len(order)]
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))  # backoff before a retry
+            try:
+                answer = self._post(url, body, n)
+            except _Down as exc:
+                with self._lock:
+                    newly = self._down.get(url, 0.0) <= time.monotonic()
+                    self._down[url] = time.monotonic() + DOWN_S
+                if newly:
+                    others = "retried on the other servers, which score it" if len(self.urls) > 1 else "retried"
+                    print(f"warning: reward server {url} failed for {self.name!r} ({exc}); its part of the batch is "
+                          f"{others} for the next {DOWN_S:g} s", file=sys.stderr, flush=True)
+                tries.append((url, str(exc)))
+                continue
+            with self._lock:
+                self._down.pop(url, None)
+            return answer
+        raise ServerFailure(self.name, tries)
+
+    # -- one request ---------------------------------------------------------------------
+    def _body(self, common, prompts, completions, ids, columns, start, stop) -> bytes:
+        part = {**common, "prompts": prompts[start:stop], "completions": completions[start:stop],
+                "completion_ids": None if ids is None else ids[start:stop],
+                "columns": {k: v[start:stop] for k, v in columns.items()}}
+        try:
+            return json.dumps(part, default=_jsonable).encode()
+        except (TypeError, ValueError):
+            pass
+        for key in ("prompts", "completions", "completion_ids", *(f"columns.{k}" for k in columns)):
+            value = part["columns"][key[8:]] if key.startswith("columns.") else part[key]
+            try:
+                json.dumps(value, default=_jsonable)
+            except (TypeError, ValueError) as exc:
+                raise UserError(f"{key} cannot be sent to a reward server as JSON: {exc}",
+                                where=f"rewards[{self.index}].url",
+                                valid="strings, numbers, lists and dicts (JSON) in what the reward gets",
+                                hint="score this reward in-process (leave url out), or drop the column") from None
+        raise UserError("the trainer_state cannot be sent as JSON", where=f"rewards[{self.index}].url")
+
+    def _post(self, url: str, body: bytes, n: int) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(url + SCORE_PATH, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise self._refused(url, exc) from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+                raise _Down(f"no answer within {self.timeout:g} s") from None
+            raise _Down(f"{type(reason).__name__}: {reason}") from None
+        return check_answer(raw, n, url, self.index)
+
+    def _refused(self, url: str, exc: urllib.error.HTTPError) -> Exception:
+        """The exception for an HTTP error status: a UserError, the reward's error, or _Down."""
+        try:
+            payload = json.loads(exc.read() or b"null")
+        except (ValueError, OSError):
+            payload = None
+        detail = payload.get("detail") if isinstance(payload, dict) else None
+        detail = detail if isinstance(detail, str) else json.dumps(detail) if detail is not None else exc.reason
+        where = f"rewards[{self.index}] (server {url})"
+        if exc.code in (401, 403):
+            return UserError(f"reward server {url} refused the API key (HTTP {exc.code}): {detail}",
+                             where=f"rewards[{self.index}].api_key_env", valid="the key the server was started with",
+                             hint=f"export {self.key_env}=KEY, the key given to grpo reward-serve --api-key")
+        if exc.code == 404:
+            return UserError(f"reward server {url} does not serve {self.name!r}: {detail}",
+                             where=f"rewards[{self.index}].name", valid="a reward the server serves (GET /info)",
+                             hint=f"start it with the reward: grpo reward-serve {self.name} ...")
+        if exc.code in (400, 413, 422):
+            return UserError(f"reward server {url} refused the request (HTTP {exc.code}): {detail}", where=where,
+                             valid="a request of protocol 1 (grpo train and grpo reward-serve of one version)")
+        failure = payload.get("failure") if isinstance(payload, dict) else None
+        if exc.code == 500 and failure == "raised":
+            return RemoteRewardError(url, str(detail))
+        if exc.code == 500 and failure == "invalid":
+            return UserError(f"on server {url}: {detail}", where=where,
+                             hint="fix the reward function's return value")
+        return _Down(f"HTTP {exc.code}: {detail}")
+
+
+def check_answer(raw: bytes, n: int, url: str, index: int) -> dict[str, Any]:
+    """The server's answer to a part of ``n`` completions; UserError naming the server and field."""
+    def bad(field: str, what: str) -> UserError:
+        return UserError(f"reward server {url} answered {what}", where=f"{field} of the answer of {url}",
+                         valid=PROTOCOL, hint=f"is {url} a grpo reward-serve of this version? {START_HINT}")
+
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise bad("the body", f"something that is not JSON: {_short(raw)}") from None
+    if not isinstance(answer, dict):
+        raise bad("the body", f"a JSON {type(answer).__name__}, not an object: {_short(raw)}")
+    scores = answer.get("scores")
+    if not isinstance(scores, list):
+        raise bad('"scores"', "no list of scores" if scores is None else f"scores = {_short(scores)}")
+    if len(scores) != n:
+        raise bad('"scores"', f"{len(scores)} scores for {n} completions")
+    for row, value in enumerate(scores):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise bad(f'"scores"[{row}]', f"scores[{row}] = {_short(value)} ({type(value).__name__}), not a number")
+    for field in ("log_extra", "log_metric"):
+        logged = answer.get(field, {})
+        if not isinstance(logged, dict) or not all(isinstance(v, list) for v in logged.values()):
+            raise bad(f'"{field}"', f"{field} = {_short(logged)}, not an object of lists")
+    for name, values in answer.get("log_metric", {}).items():
+        if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            raise bad(f'"log_metric"."{name}"', f"log_metric[{name!r}] = {_short(values)}, not numbers")
+    return answer
+
+
+def state_fields(state: Any) -> dict[str, Any] | None:
+    """The trainer_state's fields that JSON carries (a ``transformers.TrainerState`` is a dataclass)."""
+    if state is None:
+        return None
+    fields = ({f.name: getattr(state, f.name) for f in dataclasses.fields(state)} if dataclasses.is_dataclass(state)
+              else dict(vars(state)))
+    out = {}
+    for key, value in fields.items():
+        try:
+            json.dumps(value, default=_jsonable)
+        except (TypeError, ValueError):
+            continue
+        out[key] = value
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    """``json.dumps``'s default: arrays and tensors as lists, numpy scalars as numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with arrays, tensors and numpy scalars as JSON types; NaN stays (Python's JSON carries it)."""
+    return json.loads(json.dumps(value, default=_jsonable))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+__all__ = ["KEY_ENV", "PROTOCOL_VERSION", "SCORE_PATH", "RemoteReward", "RemoteRewardError", "ServerFailure",
+           "check_answer", "check_remote_only", "from_spec", "jsonable", "remote_label", "state_fields",
+           "urls_of"]
