@@ -144,7 +144,7 @@ def cli() -> str:
                     walk(sub, f"{path} {name}")
             return
         out.append(f"## `{path}`\n")
-        out.append(inspect.cleandoc(command.help or "").replace("[bold]", "**").replace("[/bold]", "**") + "\n")
+        out.append(help_markdown(command.help or ""))
         rows = []
         for param in command.params:
             if getattr(param, "hidden", False):
@@ -158,6 +158,31 @@ def cli() -> str:
 
     walk(root, "grpo")
     return "\n".join(out)
+
+
+#: Help lines that are example commands (typer dedents them) and so go in a code block.
+COMMANDS = ("grpo ", "GRPO_", "accelerate ", "trl ")
+
+
+def help_markdown(text: str) -> str:
+    """A command's help text as Markdown: its indented example lines become a code block."""
+    lines, code = [], False
+    for line in inspect.cleandoc(text).replace("[bold]", "**").replace("[/bold]", "**").splitlines():
+        if line.strip() == "\b":
+            continue
+        if (line.startswith("  ") and line.strip()) or line.startswith(COMMANDS):
+            if not code and lines and lines[-1].strip():
+                lines.append("")
+            lines.append("    " + line.removeprefix("  "))
+            code = True
+        elif line.strip():
+            if code:
+                lines.append("")
+            lines.append(line)
+            code = False
+        else:
+            lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 #: The generated pages: path under docs/ -> the function that writes it.
