@@ -46,10 +46,10 @@ def recipe_keys() -> str:
     for row in rows:
         sections.setdefault(row["key"].split(".")[0].removesuffix("[]"), []).append(row)
     out = ["# Recipe keys\n",
-           "Generated from the recipe schema (`grpocli/recipe/schema.py` and its `*_section.py` modules) "
+           ("Generated from the recipe schema (`grpocli/recipe/schema.py` and its `*_section.py` modules) "
            "when the site is built; `grpo inspect fields [SECTION]` prints the same rows. Set any key "
            "as `section.key=value` on the command line, `GRPO_SECTION__KEY` in the environment, or in "
-           "the recipe's TOML. Bounds are part of the type.\n"]
+           "the recipe's TOML. Bounds are part of the type.\n")]
     for name, section in sections.items():
         out.append(f"## {name}\n")
         out.append(table(("key", "type", "default", "description"),
@@ -64,9 +64,9 @@ def trl_fields() -> str:
     rows = [(f"`{name}`", f"`{key}`" if key else "not supported", note) for name, (key, note) in TRL_FIELDS.items()]
     return "\n".join([
         "# TRL's GRPOConfig fields\n",
-        "Generated from `grpocli/recipe/trl_names.py` (TRL 1.16). `grpo inspect fields --trl NAME` "
+        ("Generated from `grpocli/recipe/trl_names.py` (TRL 1.16). `grpo inspect fields --trl NAME` "
         "finds one; a note starting \"unit:\" says where the units differ, \"TRL's default\" where "
-        "grpo's default does. See [Coming from TRL](../coming-from-trl.md).\n",
+        "grpo's default does. See [Coming from TRL](../coming-from-trl.md).\n"),
         table(("TRL (GRPOConfig)", "grpo recipe key", "note"), rows),
     ])
 
@@ -85,9 +85,9 @@ def plugins() -> str:
         else:
             os.environ["GRPO_DISABLE_PLUGIN_AUTOLOAD"] = saved
     out = ["# Plugins: built-ins and contracts\n",
-           "Generated from the plugin registry (what `grpo inspect plugins` lists, with entry-point "
+           ("Generated from the plugin registry (what `grpo inspect plugins` lists, with entry-point "
            "plugins off) and `grpocli/registry/hookspecs.py`. Writing a plugin: "
-           "[Rewards and datasets are plugins](../plugins.md).\n"]
+           "[Rewards and datasets are plugins](../plugins.md).\n")]
     for kind in KINDS:
         entries = list(getattr(loaded, kind))
         out.append(f"## Built-in {kind}\n")
@@ -113,8 +113,8 @@ def recipes() -> str:
     from grpocli.recipe import catalog
 
     out = ["# Built-in recipes\n",
-           "Generated from `recipes/*.toml`; `grpo inspect recipes` lists them, `grpo train NAME` runs "
-           "one. Each header says the hardware, the time and the exact command.\n"]
+           ("Generated from `recipes/*.toml`; `grpo inspect recipes` lists them, `grpo train NAME` runs "
+           "one. Each header says the hardware, the time and the exact command.\n")]
     for name, path in catalog.builtin().items():
         header = []
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -134,8 +134,8 @@ def cli() -> str:
 
     root = typer.main.get_command(app)
     out = ["# Command line\n",
-           "Generated from the typer application (`grpocli/cli/`); `grpo COMMAND --help` prints the "
-           "same.\n"]
+           ("Generated from the typer application (`grpocli/cli/`); `grpo COMMAND --help` prints the "
+           "same.\n")]
 
     def walk(command: Any, path: str) -> None:  # typer's (click-like) Command or Group
         if hasattr(command, "commands"):
