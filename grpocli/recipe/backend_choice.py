@@ -1,5 +1,5 @@
 """What generation.backend = "auto" becomes: the fastest backend installed, from measurements
-(README, "Generation backends: hf, paged, vLLM": on the 2-core CPU, 1 thread, vLLM 2.3x to 4.5x
+(docs/vllm.md, "Generation backends: hf, paged, vLLM": on the 2-core CPU, 1 thread, vLLM 2.3x to 4.5x
 and paged 1.07x to 1.5x faster generation than hf). On CUDA the same order is assumed, not measured
 here. Packages are found, not imported: loading a recipe imports neither vLLM nor torch, and needs
 no device."""

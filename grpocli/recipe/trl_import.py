@@ -3,7 +3,7 @@
 Pure functions (no torch, no TRL): `convert(fields, num_processes)` returns the recipe as nested
 dicts and one `Line` per field saying what became of it: mapped, converted (with the formula),
 default (TRL's default written where grpo's differs) or unsupported (why, and what to do).
-TRL's conventions (README "TRL's conventions") are always set.
+TRL's conventions (docs/algorithm.md, "TRL's conventions") are always set.
 
 The units that differ (grpocli.recipe.trl_names.TRL_UNITS):
   TRL counts the batch in completions per device and micro-batch; grpo in prompts per optimizer
@@ -23,7 +23,7 @@ from grpocli.errors import UserError
 from grpocli.recipe.schema import TrainSection
 from grpocli.recipe.trl_names import TRL_DEFAULTS, TRL_FIELDS
 
-#: TRL's conventions, which grpo's defaults differ from (README "TRL's conventions").
+#: TRL's conventions, which grpo's defaults differ from (docs/algorithm.md, "TRL's conventions").
 CONVENTIONS = {
     "algorithm.drop_zero_spread_groups": False,
     "algorithm.token_normalizer": "generation_batch",
@@ -92,7 +92,7 @@ def convert(fields: dict[str, Any], num_processes: int = 1) -> tuple[dict[str, A
             b.say(name, "mapped", f"{_show(value)}: nothing to write (grpo's default does the same, or the "
                   "field is unused with the others)")
     for key, value in CONVENTIONS.items():
-        b.put("TRL's conventions", "default", key, value, "README: TRL's conventions")
+        b.put("TRL's conventions", "default", key, value, "docs/algorithm.md: TRL's conventions")
     _rewards(b, merged)
     return _nest(b.keys), b.lines
 

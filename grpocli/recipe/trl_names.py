@@ -2,7 +2,7 @@
 
 `TRL_FIELDS[name] = (recipe key or None, note)`: None means grpo has no such setting (the note
 says why or what to use). Every GRPOConfig field of its own is listed, and the TrainingArguments
-fields a GRPO run sets; `grpo inspect fields --trl NAME` and README's "Coming from TRL" read it.
+fields a GRPO run sets; `grpo inspect fields --trl NAME` and the docs' generated page reference/trl-fields.md read it.
 The keys' own meaning, bounds and defaults stay in the schema (grpocli.recipe.schema).
 """
 

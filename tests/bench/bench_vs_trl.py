@@ -1,5 +1,5 @@
 """The old benchmark's command line over `grpo bench RECIPE --vs-trl` (the work moved into
-grpocli/benchmark, so the command runs from an installed grpo; README, "Throughput").
+grpocli/benchmark, so the command runs from an installed grpo; docs/benchmarks.md, "Throughput").
 
     python tests/bench/bench_vs_trl.py --models tiny --threads 1 --repeats 3 --steps 10
     python tests/bench/bench_vs_trl.py --models smollm2 --threads 1 --length 48 --micro-batch 16 \

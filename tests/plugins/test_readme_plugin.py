@@ -1,5 +1,5 @@
-"""The plugin example in README.md works as written: its my_plugin.py and pyproject.toml are
-taken from the README, installed with pip into a temporary directory (the venv is not
+"""The plugin example in docs/plugins.md works as written: its my_plugin.py and pyproject.toml are
+taken from that page, installed with pip into a temporary directory (the venv is not
 touched), and `grpo` then lists the plugin and trains with its reward.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from cli_runner import install_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "### Rewards and datasets are plugins"
+PAGE = ROOT / "docs" / "plugins.md"
 DIST = "grpo-mine"
 FAST = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
@@ -27,10 +27,8 @@ FAST = [
 
 
 def readme_block(first_line: str) -> str:
-    """The indented code block of the README's plugin section that starts with ``first_line``."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index(SECTION):].split("\n### ", 1)[0]
-    lines = section.splitlines()
+    """The indented code block of the docs' plugin page that starts with ``first_line``."""
+    lines = PAGE.read_text().splitlines()
     start = lines.index("    " + first_line)
     block = []
     for line in lines[start:]:
@@ -50,7 +48,7 @@ def test_readme_blocks_are_the_whole_files() -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's plugin, exactly as written there, installed with ``pip install --target``."""
+    """The docs' plugin, exactly as written there, installed with ``pip install --target``."""
     root = tmp_path_factory.mktemp("readme_plugin")
     pkg = root / "pkg"
     pkg.mkdir()

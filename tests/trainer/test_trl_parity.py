@@ -7,7 +7,7 @@ selection, micro-batching in every layout, the normalisers and the optimizer ste
 (trainer.batching.optimizer_batches, trainer.step.optimizer_step). Only the policy's forward pass
 is replaced: the log-probs are the oracle's, a leaf tensor whose gradient is compared, and the
 frozen passes' log-probs (old policy, reference) are the oracle's too.
-The recipe keys below are what "as TRL does" means (README: "TRL's conventions").
+The recipe keys below are what "as TRL does" means (docs/algorithm.md, "TRL's conventions").
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ DATA = json.loads(ORACLE.read_text())
 INPUTS = DATA["inputs"]
 TOL = 1e-6
 
-#: The recipe keys that make grpo compute what TRL 1.16 computes (README, "TRL's conventions").
+#: The recipe keys that make grpo compute what TRL 1.16 computes (docs/algorithm.md, "TRL's conventions").
 AS_TRL = [
     "algorithm.drop_zero_spread_groups=false",        # zero-spread groups stay in every count
     "algorithm.kl_importance_correction=true",        # use_bias_correction_kl
