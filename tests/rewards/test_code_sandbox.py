@@ -115,7 +115,7 @@ def test_hostile_completions_score_zero_and_leave_nothing(isolation, temp_root, 
     tests[1 + list(hostile).index("read env")] = [f"assert {secret!r} in leaked"]  # 1.0 only if it leaked
     logged: dict[str, float] = {}
     started = time.monotonic()
-    scores = code_tests([""] * len(completions), completions, tests=tests, isolation=isolation, case_timeout=1.0,
+    scores = code_tests([""] * len(completions), completions, tests=tests, isolation=isolation, case_timeout=3.0,
                         workers=2, log_metric=logged.__setitem__)
     took = time.monotonic() - started
     assert scores[0] == 1.0
@@ -126,7 +126,7 @@ def test_hostile_completions_score_zero_and_leave_nothing(isolation, temp_root, 
     assert received == []
     assert _sandbox_processes() == []
     assert sorted(p.name for p in temp_root.iterdir()) == ["grpo-sandbox-uids"]  # only the uid pool's locks
-    assert took < 30, took
+    assert took < 60, took
     assert subprocess.run(["true"], check=False, timeout=5).returncode == 0  # the machine still forks
 
 
