@@ -51,7 +51,7 @@ class TurnStats:
     errors: int = 0                # raised, timed out, unknown tool, unreadable call
     timeouts: int = 0
     final: int = 0                 # rollouts that ended with an answer without a tool call
-    replies: int = 0               # text turns the environment answered (respond)
+    replies: int = 0               # user turns the environment's respond() spliced in
     by_tool: dict[str, int] = field(default_factory=dict)
     env: dict[str, float] = field(default_factory=dict)  # sums of the environments' get_metrics()
 
@@ -261,11 +261,11 @@ class TurnLoop:
         if text is None or last or r.ids[-1] != self.tokenizer.eos_token_id:
             r.done = True
             return
-        stats.replies += 1
         fitted = self.tool_turns.fit([{"role": "user", "content": text}], self.budget - len(r.ids) - 1)
         if fitted is None:  # no room left for the model to answer
             r.done = r.truncated = True
             return
+        stats.replies += 1
         messages, ids = fitted
         r.messages += messages
         r.ids += ids
