@@ -141,6 +141,21 @@ def check_environment(box: Toolbox, columns: list[str]) -> None:
         if callable(method):
             check(source.at(name, method), contract, where="multi_turn.environment",
                   columns=columns if name == "reset" else None)
+    _check_respond(env, source)
+
+
+def _check_respond(env: Any, source: Resolved) -> None:
+    """``respond`` (optional) takes the conversation as its one argument (hookspecs.Environment)."""
+    method = getattr(env, "respond", None)
+    if not callable(method):
+        return
+    try:
+        inspect.signature(method).bind([])
+    except (TypeError, ValueError):
+        raise UserError(f"{source.at('respond', method)} cannot be called as respond(messages)",
+                        where="multi_turn.environment", valid="def respond(self, messages) -> str | None: the next "
+                        "user message, or None to end the rollout", hint="give respond exactly one parameter, messages"
+                        ) from None
 
 
 def environment_methods(env: Any) -> list[str]:

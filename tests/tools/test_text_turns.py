@@ -61,6 +61,20 @@ def test_arithmetic_feedback_judges_each_answer_and_ends_when_right():
     assert [hinted.respond([{"role": "assistant", "content": a}]) for a in ("12", "3", "ten")] == [TOO_HIGH, TOO_LOW, WRONG]
 
 
+def test_a_respond_that_cannot_take_the_conversation_is_refused_before_any_model_loads():
+    from grpocli.errors import UserError
+    from grpocli.tools.toolbox import check_environment
+
+    class Mute:
+        def respond(self) -> None:
+            return None
+
+    with pytest.raises(UserError, match=r"respond\(messages\)") as caught:
+        check_environment(Toolbox([], environment=Mute), ["prompt"])
+    assert caught.value.where == "multi_turn.environment"
+    check_environment(Toolbox([], environment=Countdown), ["prompt", "answer"])  # fits: no error
+
+
 @pytest.mark.slow
 def test_an_environment_answers_text_turns_as_user_turns_until_it_returns_none():
     torch.manual_seed(0)
