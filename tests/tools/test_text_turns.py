@@ -145,3 +145,12 @@ def test_grpo_train_logs_both_success_rates_in_training_and_held_out_evaluation(
     samples = [json.loads(x) for x in (out / "eval" / "step-0-test" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 8 and all({"conversation", "turns", "env"} <= set(s) for s in samples)
     assert all(s["env"]["turns"] == s["turns"] or s["truncated"] for s in samples)
+
+
+def test_the_call_format_reward_counts_calls_that_ran():
+    from grpocli.tools.builtin import tool_call_ran
+
+    called = [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "tool", "content": "42"},
+              {"role": "assistant", "content": "42"}]
+    failed = [{"role": "assistant", "content": ""}, {"role": "tool", "content": "Error: unknown tool 'calc'"}]
+    assert tool_call_ran([], [called, failed, [{"role": "assistant", "content": "7"}], "text"]) == [1.0, 0.0, 0.0, None]
