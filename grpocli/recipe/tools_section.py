@@ -48,7 +48,8 @@ class MultiTurnSection(Section):
         None,
         description="A registered environment (`grpo inspect plugins`, e.g. 'guess_number') or "
         "'module:Class': one instance per rollout, reset with its dataset row; its public methods "
-        "are tools, and rewards receive it as the `environments` keyword.",
+        "are tools, its respond(messages) (optional) answers the model's turns without a tool call with the next "
+        "user message (None ends the rollout), and rewards receive it as the `environments` keyword.",
     )
     environment_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment's constructor."

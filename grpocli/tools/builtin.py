@@ -5,6 +5,8 @@
 ``guess_number``   an environment: find a secret number with the ``guess`` tool, told
                    higher / lower each time; the dataset 'guess_number' holds the secrets and
                    the reward 'environment.reward' reads each rollout's environment.
+``arithmetic_feedback``  an environment without tools: it answers the model's text turns
+                   ("Wrong, try again.") until the answer is right (grpocli.tools.feedback).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import grpocli
 from grpocli.errors import UserError
+from grpocli.tools.feedback import ArithmeticFeedback
 
 
 def calculator(expression: str) -> str:
@@ -97,6 +100,21 @@ def environment_reward(prompts: list, completions: list, environments: list | No
     return [float(e.get_reward()) if callable(getattr(e, "get_reward", None)) else None for e in environments]
 
 
+def tool_call_ran(prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
+    """1.0 when a tool call ran without error in the conversation, else 0.0: a format reward that
+    gives a model which rarely writes a well-formed call a signal to write one (a weight such as 0.2
+    keeps it below the task's reward). Completions are the conversations of multi-turn rollouts."""
+    out: list[float | None] = []
+    for conversation in completions:
+        if not isinstance(conversation, list):
+            out.append(None)  # a single-turn completion: the reward does not apply
+            continue
+        ran = any(m.get("role") == "tool" and not str(m.get("content", "")).startswith("Error:")
+                  for m in conversation if isinstance(m, dict))
+        out.append(1.0 if ran else 0.0)
+    return out
+
+
 @grpocli.hookimpl
 def register_tools(register: Callable[..., None]) -> None:
     register("calculator", calculator)
@@ -106,6 +124,9 @@ def register_tools(register: Callable[..., None]) -> None:
 def register_environments(register: Callable[..., None]) -> None:
     register("guess_number", GuessNumber, description="Find a secret integer with guess(number) -> "
              "'Higher.' / 'Lower.' / 'Correct!'; args low, high; reset reads the 'secret' column.")
+    register("arithmetic_feedback", ArithmeticFeedback, description="Arithmetic with feedback, no tools: a wrong "
+             "answer gets 'Wrong, try again.' and another turn; args hint ('none' | 'direction'), turn_penalty; "
+             "reset reads the 'answer' column (dataset 'arithmetic'); env/success_first_turn, env/success, env/turns.")
 
 
 @grpocli.hookimpl
@@ -117,3 +138,4 @@ def register_datasets(register: Callable[..., None]) -> None:
 @grpocli.hookimpl
 def register_rewards(register: Callable[..., None]) -> None:
     register("environment.reward", environment_reward)
+    register("tools.call_ran", tool_call_ran)
