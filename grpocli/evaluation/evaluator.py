@@ -96,25 +96,32 @@ class EvalResult:
 def sample_and_score(
     backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list[RewardFn], settings: EvalSettings,
     sampling: Sampling, *, prompt_column: str = "prompt", combination: str = "sum",
-    indices: Sequence[int] | None = None, state: Any = None,
+    indices: Sequence[int] | None = None, state: Any = None, turns: Any = None,
 ) -> list[dict[str, Any]]:
     """Records of N completions for each rendered row (rows carry ``prompt_text``), scored;
     ``state`` is the trainer_state rewards receive (TRL's keyword), what they log_extra lands
     in each record's ``extra``. No rows: no records; a lockstep backend (grpocli.generation.base)
-    still makes its (empty) generate call, which the other processes' calls need."""
+    still makes its (empty) generate call, which the other processes' calls need. ``turns``: a
+    multi-turn recipe's turn loop (grpocli.tools.turns.TurnLoop, as training samples): rewards get
+    the conversations (and ``environments``), and each record its conversation, model turns and
+    environment's ``get_metrics()``."""
     n = settings.n
     if not rows:
-        if backend.lockstep:
-            backend.generate([], n, sampling)
+        if backend.lockstep:  # the other processes' generate calls need this one's
+            turns.sample(backend, [], n, sampling) if turns is not None else backend.generate([], n, sampling)
         return []
-    generated = backend.generate([row["prompt_text"] for row in rows], n, sampling)  # [B*N]
+    conversations = turns.sample(backend, rows, n, sampling) if turns is not None else None
+    generated = (conversations.generated if conversations is not None
+                 else backend.generate([row["prompt_text"] for row in rows], n, sampling))  # [B*N]
     completions = tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True)
     exclude = (prompt_column, "prompt_text")
     names = [k for k in rows[0] if k not in exclude]
     columns = {k: [row.get(k) for row in rows for _ in range(n)] for k in names}   # [B*N] each
     prompts = [row.get(prompt_column, row.get("prompt")) for row in rows for _ in range(n)]
-    scores = score(reward_fns, prompts, completions, columns, combination,
-                   completion_ids=generated.completion_ids, state=state)
+    if conversations is not None and conversations.environments is not None:
+        columns["environments"] = conversations.environments  # TRL's keyword, as in training
+    scores = score(reward_fns, prompts, conversations.messages if conversations is not None else completions,
+                   columns, combination, completion_ids=generated.completion_ids, state=state)
     indices = list(indices) if indices is not None else list(range(len(rows)))
     records = []
     for i, text in enumerate(completions):
@@ -128,10 +135,20 @@ def sample_and_score(
             "answer": extract_answer(text), "length": len(generated.completion_ids[i]),
             "truncated": bool(generated.truncated[i]),
             "columns": {k: row.get(k) for k in names if k != "prompt"},
+            **(_conversation(conversations, i) if conversations is not None else {}),
             **({"extra": {k: v[i] if i < len(v) else None for k, v in scores.logged.columns.items()}}
                if scores.logged.columns else {}),
         })
     return records
+
+
+def _conversation(conversations: Any, i: int) -> dict[str, Any]:
+    """A multi-turn record's own fields: the conversation, its model turns, the environment's metrics."""
+    messages = conversations.messages[i]
+    env = conversations.environments[i] if conversations.environments is not None else None
+    method = getattr(env, "get_metrics", None)
+    return {"conversation": messages, "turns": sum(1 for m in messages if m.get("role") == "assistant"),
+            "env": {k: float(v) for k, v in (method() or {}).items()} if callable(method) else {}}
 
 
 def summarize(samples: list[dict[str, Any]], settings: EvalSettings) -> dict[str, float | None]:
@@ -160,6 +177,10 @@ def summarize(samples: list[dict[str, Any]], settings: EvalSettings) -> dict[str
     out["completions/mean_length"] = statistics.fmean(s["length"] for s in samples)
     out["completions/clipped_ratio"] = statistics.fmean(bool(s["truncated"]) for s in samples)
     out["num_prompts"] = float(len(groups))
+    if "turns" in samples[0]:  # multi-turn: model turns, and the environment's metrics (env/...)
+        out["multi_turn/turns_per_rollout"] = statistics.fmean(s["turns"] for s in samples)
+        for name in samples[0]["env"]:
+            out[f"env/{name}"] = statistics.fmean(s["env"].get(name, 0.0) for s in samples)
     return out
 
 

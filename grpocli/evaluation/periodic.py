@@ -45,6 +45,7 @@ class PeriodicEval:
     run_root: Path | None     # where eval/step-N-<split>/ is written (None: nowhere)
     rows: list[dict[str, Any]]  # this process's rendered eval prompts
     indices: list[int]        # their indices in the split
+    turns: Any = None         # a multi-turn recipe's turn loop (grpocli.tools.turns.TurnLoop), else None
 
     @property
     def every(self) -> int:
@@ -56,8 +57,9 @@ class PeriodicEval:
 
     @classmethod
     def open(cls, recipe: Recipe, *, tokenizer: Any, backend: Any, reward_fns: list[RewardFn], parallel: Parallel,
-             run_root: Path | None) -> PeriodicEval | None:
-        """Load and render this process's eval prompts; None when eval.every is 0."""
+             run_root: Path | None, turns: Any = None) -> PeriodicEval | None:
+        """Load and render this process's eval prompts; None when eval.every is 0. ``turns``: the
+        training run's turn loop, so that a multi-turn recipe is evaluated as it trains."""
         ev = recipe.eval
         if not ev.every:
             return None
@@ -73,7 +75,7 @@ class PeriodicEval:
         indices = list(range(count))[parallel.rank::parallel.size]
         prompts = RenderedPrompts(dataset, recipe.data, tokenizer)
         return cls(recipe, tokenizer, backend, reward_fns, parallel, run_root,
-                   [prompts[i] for i in indices], indices)
+                   [prompts[i] for i in indices], indices, turns)
 
     def run(self, step: int) -> dict[str, float]:
         """``{"eval/reward": ..., "eval/pass@1": ..., "time/eval": ...}`` for the model at ``step``."""
@@ -106,7 +108,8 @@ class PeriodicEval:
             return sample_and_score(self.backend, self.tokenizer, self.rows, self.reward_fns, settings,
                                     sampling, prompt_column=r.data.prompt_column,
                                     combination=r.algorithm.reward_combination, indices=self.indices,
-                                    state=trainer_state(global_step=step, max_steps=r.train.steps))
+                                    state=trainer_state(global_step=step, max_steps=r.train.steps),
+                                    turns=self.turns)
 
     def _gather(self, samples: list[dict]) -> list[dict]:
         if self.parallel.size == 1:

@@ -16,6 +16,10 @@ class EvalSection(Section):
         0, ge=0, description="Evaluate every N training steps on a held-out split, logged as "
         "eval/... in metrics.jsonl (0: off)."
     )
+    on_start: bool = Field(
+        False, description="With eval.every, evaluate once before the first step too (TRL's eval_on_start): "
+        "the base model's eval/... at step 0, the start of the curve."
+    )
     split: str | None = Field(
         None, description="Split to evaluate on (default: data.eval_split, else 'test')."
     )

@@ -188,9 +188,9 @@ class Tool(Protocol):
 class Environment(Protocol):
     """One rollout's environment, as TRL's ``environment_factory`` makes them.
 
-    Its public methods other than ``reset`` and ``get_reward`` are tools (each a ``Tool``:
-    typed, documented, called by keyword), called one at a time in the order the model wrote
-    them. Both methods below are optional. Reward functions receive the instances as the
+    Its public methods other than ``reset``, ``get_reward``, ``respond`` and ``get_metrics`` are
+    tools (each a ``Tool``: typed, documented, called by keyword), called one at a time in the
+    order the model wrote them. All four methods below are optional. Reward functions receive the instances as the
     ``environments`` keyword, one per completion, as the rollouts left them.
     """
 
@@ -202,6 +202,19 @@ class Environment(Protocol):
     def get_reward(self) -> float:
         """Called with no arguments; what the built-in reward ``environment.reward`` returns
         for this rollout when a recipe lists it (TRL adds it by itself; grpo does not)."""
+
+    def respond(self, messages: list[dict[str, Any]]) -> str | None:
+        """Called after each model turn without a tool call, with the conversation so far (the
+        prompt's messages, then the rollout's: the last is that turn's assistant message). The
+        text returned is the next user message (feedback, a new observation: verl's
+        ``Interaction.generate_response``, verifiers' ``env_response``); None ends the rollout
+        (verifiers' ``is_completed``). On the rollout's last turn it is still called, so the
+        environment sees the final answer, and what it returns is dropped."""
+
+    def get_metrics(self) -> dict[str, float]:
+        """Called once the rollout is over; each value is averaged over the rollouts and logged as
+        ``env/<name>`` (in metrics.jsonl, and ``eval/env/<name>`` in evaluations). Every
+        environment should return the same names."""
 
 
 class EnvironmentFactory(Protocol):
@@ -230,4 +243,4 @@ DATASET_KEYWORDS = keywords(DatasetLoader)
 #: What every curriculum gets besides ``train.curriculum_args``.
 CURRICULUM_KEYWORDS = keywords(Curriculum)
 #: Environment methods that are not tools.
-ENVIRONMENT_METHODS = ("reset", "get_reward")
+ENVIRONMENT_METHODS = ("reset", "get_reward", "respond", "get_metrics")

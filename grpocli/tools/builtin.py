@@ -5,6 +5,8 @@
 ``guess_number``   an environment: find a secret number with the ``guess`` tool, told
                    higher / lower each time; the dataset 'guess_number' holds the secrets and
                    the reward 'environment.reward' reads each rollout's environment.
+``arithmetic_feedback``  an environment without tools: it answers the model's text turns
+                   ("Wrong, try again.") until the answer is right (grpocli.tools.feedback).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import grpocli
 from grpocli.errors import UserError
+from grpocli.tools.feedback import ArithmeticFeedback
 
 
 def calculator(expression: str) -> str:
@@ -106,6 +109,9 @@ def register_tools(register: Callable[..., None]) -> None:
 def register_environments(register: Callable[..., None]) -> None:
     register("guess_number", GuessNumber, description="Find a secret integer with guess(number) -> "
              "'Higher.' / 'Lower.' / 'Correct!'; args low, high; reset reads the 'secret' column.")
+    register("arithmetic_feedback", ArithmeticFeedback, description="Arithmetic with feedback, no tools: a wrong "
+             "answer gets 'Wrong, try again.' and another turn; args hint ('none' | 'direction'), turn_penalty; "
+             "reset reads the 'answer' column (dataset 'arithmetic'); env/success_first_turn, env/success, env/turns.")
 
 
 @grpocli.hookimpl

@@ -5,7 +5,8 @@ signature and docstring (``transformers.utils.get_json_schema``, as TRL does) an
 chat template shows the model. ``[[tools]] name`` is a registered tool or ``module:function``
 (``path/to/file.py:function``), as rewards are named. An environment (``multi_turn.environment``)
 is a registered factory or ``module:Class``: one instance per rollout, its public methods are
-tools (``reset`` and ``get_reward`` excepted), as TRL's ``environment_factory``. Both are checked
+tools (``reset``, ``get_reward``, ``respond`` and ``get_metrics`` excepted), as TRL's
+``environment_factory``; ``respond(messages)`` answers the model's turns without a tool call. Both are checked
 against their contracts (``grpocli.registry.hookspecs.Tool``, ``EnvironmentFactory`` and
 ``Environment``) before any model loads.
 """
@@ -52,6 +53,7 @@ class Toolbox:
     environment_args: dict[str, Any] = field(default_factory=dict)
     environment_tools: list[Tool] = field(default_factory=list)  # from a probe instance: the schemas
     environment_source: Resolved | None = None  # the environment as the recipe named it, for messages
+    environment_responds: bool | None = None  # a probe instance has respond() (None: ask the factory)
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -60,6 +62,13 @@ class Toolbox:
     @property
     def tool_names(self) -> list[str]:
         return [t.name for t in (*self.tools, *self.environment_tools)]
+
+    @property
+    def responds(self) -> bool:
+        """Whether the environment answers the model's text turns (has ``respond(messages)``)."""
+        if self.environment_responds is not None:
+            return self.environment_responds
+        return self.environment is not None and callable(getattr(self.environment, "respond", None))
 
     def new_environment(self) -> Any:
         """A fresh environment instance (None without an environment)."""
@@ -111,6 +120,7 @@ def open_toolbox(recipe: Recipe, plugins: Plugins) -> Toolbox | None:
               args_where="multi_turn.environment_args")
         box.environment, box.environment_args, box.environment_source = env.fn, dict(mt.environment_args), env
         probe = _probe(box)
+        box.environment_responds = callable(getattr(probe, "respond", None))
         box.environment_tools = [tool_from_function(getattr(probe, name), "multi_turn.environment",
                                                     env.at(name, getattr(probe, name)))
                                  for name in environment_methods(probe)]
@@ -134,7 +144,7 @@ def check_environment(box: Toolbox, columns: list[str]) -> None:
 
 
 def environment_methods(env: Any) -> list[str]:
-    """The names of an environment's tool methods: its public functions but reset and get_reward."""
+    """The names of an environment's tool methods: its public functions but ENVIRONMENT_METHODS."""
     return [name for name, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
             if not name.startswith("_") and name not in ENVIRONMENT_METHODS]
 
@@ -146,10 +156,6 @@ def check_combinations(recipe: Recipe) -> None:
         why = ("generation.async_steps",
                "generating ahead would need the turn loop (tools included) in the background prefetcher",
                "generation.async_steps = 0")
-    elif recipe.eval.every:
-        why = ("eval.every",
-               ("evaluation samples single-turn completions, without the tools the model is trained to call: "
-                "its scores would mislead"), "eval.every = 0")
     elif recipe.data.chat_template == "never":
         why = ("data.chat_template",
                "tool calls and results are chat messages: prompts need the chat template",

@@ -5,9 +5,13 @@
                 bounded by multi_turn.tool_timeout (grpocli.tools.execution)
     splice      the tool messages' tokens (the chat template's rendering of that turn alone,
                 grpocli.tools.template.ToolTurns) are appended to the rollout's token ids
+    reply       a turn without a call goes to the environment's ``respond(messages)`` where it
+                has one (verl's interaction, verifiers' env_response): the text it returns is
+                spliced in as a user turn the same way, and None ends the rollout
     turn k      every rollout still live generates at once from its prompt + completion so far
 
-A rollout ends when the model answers without a call (a final answer), when its turn ends
+A rollout ends when the model answers without a call (a final answer) and no environment
+replies to it (``respond`` absent or returning None), when its turn ends
 without EOS or the completion budget (generation.max_completion_length: model and tool tokens
 together) runs out (truncated), or after multi_turn.max_turns model turns. The completion is
 the exact token ids the engine produced with the tool turns spliced in as tokens, and a mask
@@ -47,13 +51,17 @@ class TurnStats:
     errors: int = 0                # raised, timed out, unknown tool, unreadable call
     timeouts: int = 0
     final: int = 0                 # rollouts that ended with an answer without a tool call
+    replies: int = 0               # text turns the environment answered (respond)
     by_tool: dict[str, int] = field(default_factory=dict)
+    env: dict[str, float] = field(default_factory=dict)  # sums of the environments' get_metrics()
 
     def add(self, other: TurnStats) -> None:
-        for key in ("rollouts", "turns", "calls", "errors", "timeouts", "final"):
+        for key in ("rollouts", "turns", "calls", "errors", "timeouts", "final", "replies"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         for name, count in other.by_tool.items():
             self.by_tool[name] = self.by_tool.get(name, 0) + count
+        for name, value in other.env.items():
+            self.env[name] = self.env.get(name, 0.0) + value
 
     def metrics(self, reduce: Callable[[float], float] = float) -> dict[str, float]:
         """metrics.jsonl keys; `reduce` sums a count over processes. TRL's names where it has them
@@ -67,8 +75,10 @@ class TurnStats:
             "tools/failure_frequency": errors / calls if calls else 0.0,
             "tools/errors": errors,
             "tools/timeouts": reduce(self.timeouts),
+            "multi_turn/replies_per_rollout": reduce(self.replies) / n,
         }
         out.update({f"tools/calls_per_rollout/{name}": reduce(c) / n for name, c in sorted(self.by_tool.items())})
+        out.update({f"env/{name}": reduce(v) / n for name, v in sorted(self.env.items())})  # mean per rollout
         return out
 
 
@@ -92,6 +102,7 @@ class _Rollout:
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)  # this turn's calls, still to run
+    reply: bool = False  # this turn had no call: the environment's respond() answers it
     done: bool = False
     truncated: bool = False
 
@@ -107,6 +118,7 @@ class TurnLoop:
         self.budget = recipe.generation.max_completion_length
         self.parse, self.strip = TOOL_CALL_PARSERS[self.section.tool_parser]
         self.tool_turns = ToolTurns(tokenizer)
+        self.prompt_messages: list[list[dict[str, Any]]] = []  # [B] the last batch's prompt messages
 
     def new_stats(self) -> TurnStats:
         """Empty counts with every tool named, so that each process logs the same keys."""
@@ -146,10 +158,15 @@ class TurnLoop:
                                     [self.toolbox.functions(envs[i]) for i in pending], self.section.tool_timeout)
                 for i, done in zip(pending, outcomes, strict=True):
                     self.take_results(state[i], done, stats)
-            live = [i for i in pending if not state[i].done]
+            answered = [i for i in live if state[i].reply]
+            for i in answered:
+                self.take_reply(state[i], envs[i], self.prompt_messages[i // n], stats,
+                                last=turn == self.section.max_turns)
+            live = [i for i in live if not state[i].done]  # calls run, or a reply given
             contexts, count = [prompt_ids[i // n] + state[i].ids for i in live], 1
         stats.final = sum(1 for r in state if r.messages and r.done and not r.truncated
                           and "tool_calls" not in r.messages[-1])
+        stats.env = environment_metrics(envs)
         generated = Generated(prompt_ids=prompt_ids, completion_ids=[r.ids for r in state],
                               truncated=[r.truncated for r in state],
                               logprobs=[r.logprobs for r in state] if with_logprobs else None)
@@ -162,7 +179,7 @@ class TurnLoop:
         chat template with the tools, left-truncated to data.max_prompt_length."""
         from grpocli.data.template import build_messages
 
-        texts = []
+        texts, self.prompt_messages = [], []
         for b, row in enumerate(rows):
             messages = build_messages(row, self.data)
             seen = {_reset(env, row) for env in envs[b * n : (b + 1) * n]}
@@ -176,6 +193,7 @@ class TurnLoop:
             observation = seen.pop()
             if observation:
                 messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
+            self.prompt_messages.append(messages)
             texts.append(render_with_tools(messages, self.tokenizer, self.toolbox.schemas,
                                            self.data.chat_template_kwargs))
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -198,9 +216,12 @@ class TurnLoop:
         r.messages.append(message)
         if no_eos or cut:
             r.done = r.truncated = True   # the turn did not end: its calls are not run
-        elif not calls or turn == self.section.max_turns or ids[-1] != self.tokenizer.eos_token_id:
-            r.done = True                 # an answer; the last turn; or a stop token after which
-                                          # the template's tool turn cannot follow (<|endoftext|>)
+        elif not calls:
+            r.reply = self.toolbox.responds  # an answer: the environment sees it (and may reply)
+            r.done = not r.reply
+        elif turn == self.section.max_turns or ids[-1] != self.tokenizer.eos_token_id:
+            r.done = True                 # the last turn; or a stop token after which the
+                                          # template's tool turn cannot follow (<|endoftext|>)
         else:
             limit = self.section.max_tool_calls
             r.calls = calls[:limit] + [ToolCall(c.name, error=f"more than {limit} tool calls in one turn; "
@@ -227,6 +248,50 @@ class TurnLoop:
         r.ids += ids
         r.mask += [0] * len(ids)
         r.logprobs += [0.0] * len(ids)
+
+
+    def take_reply(self, r: _Rollout, env: Any, prompt: list[dict[str, Any]], stats: TurnStats, *,
+                   last: bool) -> None:
+        """The environment's answer to a turn without a call (``respond(messages)``: the prompt's
+        messages and the conversation so far), spliced in as a user turn; None ends the rollout.
+        On the ``last`` turn (or after a stop token no turn can follow) the environment still sees
+        the answer, and what it returns is dropped: the rollout ends."""
+        r.reply = False
+        text = _respond(env, [*prompt, *r.messages])
+        if text is None or last or r.ids[-1] != self.tokenizer.eos_token_id:
+            r.done = True
+            return
+        stats.replies += 1
+        fitted = self.tool_turns.fit([{"role": "user", "content": text}], self.budget - len(r.ids) - 1)
+        if fitted is None:  # no room left for the model to answer
+            r.done = r.truncated = True
+            return
+        messages, ids = fitted
+        r.messages += messages
+        r.ids += ids
+        r.mask += [0] * len(ids)
+        r.logprobs += [0.0] * len(ids)
+
+
+def environment_metrics(envs: list[Any]) -> dict[str, float]:
+    """The sums over rollouts of each environment's optional ``get_metrics()`` (a dict of numbers)."""
+    out: dict[str, float] = {}
+    for env in envs:
+        method = getattr(env, "get_metrics", None)
+        if callable(method):
+            for name, value in (method() or {}).items():
+                out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def _respond(env: Any, messages: list[dict[str, Any]]) -> str | None:
+    try:
+        text = env.respond(messages)
+    except Exception as exc:  # noqa: BLE001 (the user's respond: named in the error)
+        raise UserError(f"the environment's respond() raised {type(exc).__name__}: {exc}",
+                        where="multi_turn.environment", valid="respond(messages) -> str | None: the next user "
+                        "message, or None to end the rollout", hint="fix respond()") from None
+    return None if text is None else str(text)
 
 
 def _reset(env: Any, row: dict[str, Any]) -> str:

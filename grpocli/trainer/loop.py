@@ -133,7 +133,7 @@ class Loop:
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
-                                            parallel=s.parallel, run_root=s.run.root)
+                                            parallel=s.parallel, run_root=s.run.root, turns=s.turns)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
         self.prefetch = None
         if r.generation.async_steps:
@@ -146,6 +146,8 @@ class Loop:
 
     def run(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
+        if r.eval.on_start and state.step == 0 and self.evaluation is not None:  # TRL's eval_on_start
+            self.maybe_evaluate(since=-1)
         while state.step < r.train.steps:
             cycle_start = state.step
             batch = self.generate()                                                   # 1-4

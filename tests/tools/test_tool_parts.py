@@ -185,7 +185,6 @@ def test_guess_number_environment_and_its_reward():
 @pytest.mark.slow
 @pytest.mark.parametrize(("override", "where", "reason"), [
     ("generation.async_steps=1", "generation.async_steps", "background prefetcher"),
-    ("eval.every=5", "eval.every", "single-turn"),
 ])
 def test_unsupported_combinations_exit_2_with_the_reason(override, where, reason):
     done = run_grpo("train", "quickstart", 'tools=[{name="calculator"}]', override,
