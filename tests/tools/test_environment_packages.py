@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("verifiers")
 pytest.importorskip("openenv")
 
-from cli_runner import run_grpo  # noqa: E402
-from tiny_runs import TINY_MODEL  # noqa: E402
+from cli_runner import run_grpo
+from tiny_runs import TINY_MODEL
 
-from grpocli.errors import UserError  # noqa: E402
+from grpocli.errors import UserError
 
 ENVPKGS = Path(__file__).parent / "envpkgs"
 RUN = [*TINY_MODEL, "generation.max_completion_length=32", "generation.num_generations=4", "train.prompts_per_step=2",
@@ -47,6 +47,18 @@ def test_a_single_turn_verifiers_env_scores_the_answer_with_its_rubric(envpkgs):
     assert env.respond([*rows[1]["prompt"], {"role": "assistant", "content": "1"}]) is None  # max_turns=1
     assert env.get_metrics() == {"said_answer": 1.0, "short": 0.5, "num_turns": 1.0}
     assert env.get_reward() == pytest.approx(1.0 + 0.5 * 0.5)                   # the rubric's weights
+
+
+def test_a_verifiers_env_dataset_loads_through_data_dataset(envpkgs):
+    from grpocli.data.source import load_dataset_for, resolve
+    from grpocli.recipe.schema import DataSection
+    from grpocli.registry import load_plugins
+
+    data, registry = DataSection(dataset="verifiers:vf_say_answer", args={"num_samples": 2}), load_plugins().datasets
+    entry, args = resolve(data, registry)
+    assert entry.name == "verifiers" and args == {"env_id": "vf_say_answer", "num_samples": 2}
+    rows = load_dataset_for(data, registry, "train", 0)
+    assert rows["answer"] == ["0", "1"] and rows[0]["prompt"][-1] == {"role": "user", "content": "Say the number 0."}
 
 
 def test_a_multi_turn_verifiers_env_answers_until_its_stop_condition(envpkgs):
@@ -133,7 +145,7 @@ def test_grpo_train_on_a_single_turn_verifiers_env_and_its_dataset(tmp_path):
 def test_grpo_train_on_a_multi_turn_verifiers_env_logs_its_replies(tmp_path):
     steps, rows = _train(tmp_path, "data.dataset='verifiers:vf_guess_game'", "data.args={num_samples=4}",
                          "multi_turn.environment='verifiers:vf_guess_game'", "multi_turn.max_turns=3",
-                         "multi_turn.environment_args={num_samples=4}", "generation.max_completion_length=48")
+                         "multi_turn.environment_args={num_samples=4}", "generation.max_completion_length=128")
     for key in ("rewards/environment.reward/mean", "env/won", "env/turns", "multi_turn/replies_per_rollout"):
         assert key in steps[0], key
     replies = [t for r in rows for t in _said(r, "user")]
@@ -145,11 +157,15 @@ def test_grpo_train_on_a_multi_turn_verifiers_env_logs_its_replies(tmp_path):
 def test_grpo_train_on_an_openenv_env_with_its_observations_and_return(tmp_path):
     steps, rows = _train(tmp_path, "multi_turn.environment='openenv:openenv_counter:CounterEnvironment'",
                          "multi_turn.environment_args={steps=2}", "multi_turn.max_turns=3", "data.args={num_samples=8}",
-                         "generation.max_completion_length=48")
+                         "generation.max_completion_length=128")
     for key in ("rewards/environment.reward/mean", "env/steps", "env/done"):
         assert key in steps[0], key
-    assert all(r["prompt"].count("Board ready, say something.") == 1 for r in rows)  # reset's observation
     replies = [t for r in rows for t in _said(r, "user")]
     assert replies and all(t.startswith("You said ") for t in replies)          # step's observation
-    stepped = [r for r in rows if r["rewards"]["environment.reward"] > 0]
-    assert stepped, "no rollout reached a step"
+    for r in (r for r in rows if _said(r, "user")):  # the model's turn was the Action; the return sums steps
+        said, first = _said(r, "assistant"), 1 / (1 + len(_said(r, "assistant")[0]))
+        assert _said(r, "user")[0] == f"You said {len(said[0])} characters (step 1)."
+        both = first + 1 / (1 + len(said[1]))
+        assert r["rewards"]["environment.reward"] == pytest.approx(first) or \
+            r["rewards"]["environment.reward"] == pytest.approx(both)
+    assert any(r["rewards"]["environment.reward"] > 0 for r in rows), "no rollout reached a step"
