@@ -57,6 +57,25 @@ def load_verifiers_env(env_id: str, args: dict[str, Any], where: str) -> Any:
     key = (env_id, json.dumps(args, sort_keys=True, default=str))
     if key in _LOADED:
         return _LOADED[key]
+    vf = find_verifiers_env(env_id, where)
+    try:
+        env = vf.load_environment(env_id, **args)
+    except Exception as exc:  # noqa: BLE001 (the environment's own code: named in the error)
+        raise UserError(f"verifiers environment {env_id!r} failed to load: {type(exc).__name__}: "
+                        f"{exc.__cause__ or exc}", where=where,
+                        valid="load_environment(**args) returning a vf.Environment",
+                        hint="check the environment's arguments (data.args / multi_turn.environment_args)") from None
+    if not isinstance(env, vf.MultiTurnEnv):
+        raise UserError(f"verifiers environment {env_id!r}: load_environment returned {type(env).__name__}",
+                        where=where, valid="a vf.SingleTurnEnv or vf.MultiTurnEnv (subclass)",
+                        hint="return the environment from load_environment")
+    _LOADED[key] = env
+    return env
+
+
+def find_verifiers_env(env_id: str, where: str) -> Any:
+    """Import verifiers and the module of environment ``env_id`` (without loading it); the
+    verifiers module, or UserError naming what is missing and how to install it."""
     vf = import_verifiers(where)
     module = env_id.replace("-", "_").split("/")[-1]  # verifiers' env_module_name
     cwd = os.getcwd()
@@ -73,19 +92,7 @@ def load_verifiers_env(env_id: str, args: dict[str, Any], where: str) -> Any:
                         valid="an installed environment (`vf-install ID`, `prime env install ID`, or pip) or "
                         "ID.py in the working directory, defining load_environment(**args)",
                         hint=f"install it, e.g. `vf-install {env_id}`, then run again") from None
-    try:
-        env = vf.load_environment(env_id, **args)
-    except Exception as exc:  # noqa: BLE001 (the environment's own code: named in the error)
-        raise UserError(f"verifiers environment {env_id!r} failed to load: {type(exc).__name__}: "
-                        f"{exc.__cause__ or exc}", where=where,
-                        valid="load_environment(**args) returning a vf.Environment",
-                        hint="check the environment's arguments (data.args / multi_turn.environment_args)") from None
-    if not isinstance(env, vf.MultiTurnEnv):
-        raise UserError(f"verifiers environment {env_id!r}: load_environment returned {type(env).__name__}",
-                        where=where, valid="a vf.SingleTurnEnv or vf.MultiTurnEnv (subclass)",
-                        hint="return the environment from load_environment")
-    _LOADED[key] = env
-    return env
+    return vf
 
 
 def verifiers_dataset(split: str, seed: int, env_id: str, **env_args: Any) -> Any:

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from grpocli.data.verifiers_envs import PREFIX, import_verifiers, load_verifiers_env
+from grpocli.data.verifiers_envs import PREFIX, find_verifiers_env, import_verifiers, load_verifiers_env
 from grpocli.errors import UserError
 
 _LOOP: asyncio.AbstractEventLoop | None = None
@@ -105,7 +105,7 @@ def factory_for(name: str, where: str) -> Callable[..., VerifiersEnvironment]:
     if not env_id:
         raise UserError(f"{name!r} names no environment", where=where, valid="verifiers:ENV_ID",
                         hint='e.g. multi_turn.environment = "verifiers:wordle"')
-    load_verifiers_env(env_id, {}, where)  # not installed / not found: said now, before any model loads
+    find_verifiers_env(env_id, where)  # not installed / not found: said now (loading: the probe instance)
 
     def verifiers_environment(**environment_args: Any) -> VerifiersEnvironment:
         return VerifiersEnvironment(load_verifiers_env(env_id, environment_args, where))
