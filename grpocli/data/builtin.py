@@ -12,6 +12,7 @@ import grpocli
 from grpocli.data.files import load_local
 from grpocli.data.generators import arithmetic, countdown
 from grpocli.data.hub import load_gsm8k, load_hub
+from grpocli.data.verifiers_envs import verifiers_dataset
 
 
 @grpocli.hookimpl
@@ -45,4 +46,10 @@ def register_datasets(register) -> None:
         load_gsm8k,
         description="GSM8K from the hub (openai/gsm8k, main): question -> prompt, the number "
         "after '####' -> answer.",
+    )
+    register(
+        "verifiers",
+        verifiers_dataset,
+        description="A verifiers environment's dataset (data.dataset = \"verifiers:ENV_ID\" names it); "
+        "args env_id and the environment's load_environment arguments.",
     )

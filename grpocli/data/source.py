@@ -2,7 +2,8 @@
 
 ``data.dataset`` is, in this order: a registered dataset name (``data.args`` go to its
 loader), a local file (a .jsonl/.json/.parquet/.csv name, or any existing path: the "local"
-loader with ``path``), or a hub id containing "/" (the "hub" loader with ``id``).
+loader with ``path``), or a hub id containing "/" (the "hub" loader with ``id``); ``verifiers:ENV_ID`` is a verifiers
+environment's dataset (the "verifiers" loader with ``env_id``, grpocli.data.verifiers_envs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from grpocli.data.columns import check_prompts, mixed_type, mixed_type_error
 from grpocli.data.files import BUILDERS
 from grpocli.data.saved import saved_kind
+from grpocli.data.verifiers_envs import PREFIX as VERIFIERS_PREFIX
 from grpocli.errors import UserError
 from grpocli.registry.contracts import DATASET, Resolved, check
 
@@ -56,6 +58,8 @@ def load_dataset_for(
 def resolve(data: DataSection, registry: Registry) -> tuple[Entry, dict[str, Any]]:
     """The loader entry for ``data.dataset`` and the keyword arguments it gets."""
     name = data.dataset
+    if name.startswith(VERIFIERS_PREFIX):  # a verifiers environment's own dataset
+        return registry.get("verifiers", where="data.dataset"), {"env_id": name[len(VERIFIERS_PREFIX):], **data.args}
     if name not in registry:
         if Path(name).suffix.lower() in BUILDERS or looks_local(name):
             return registry.get("local", where="data.dataset"), {"path": name, **data.args}

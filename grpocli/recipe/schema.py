@@ -96,7 +96,7 @@ class DataSection(Section):
     dataset: str = Field(
         "arithmetic",
         description="A registered dataset name (`grpo inspect plugins`), a local .jsonl/.json/"
-        ".parquet/.csv file, or a hub id.",
+        ".parquet/.csv file, a hub id, or 'verifiers:ENV_ID' (a verifiers environment's dataset).",
     )
     split: str = Field("train", description="Split used for training.")
     eval_split: str | None = Field(None, description="Held-out split for evaluation.")

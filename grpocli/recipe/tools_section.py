@@ -49,7 +49,9 @@ class MultiTurnSection(Section):
         description="A registered environment (`grpo inspect plugins`, e.g. 'guess_number') or "
         "'module:Class': one instance per rollout, reset with its dataset row; its public methods "
         "are tools, its respond(messages) (optional) answers the model's turns without a tool call with the next "
-        "user message (None ends the rollout), and rewards receive it as the `environments` keyword.",
+        "user message (None ends the rollout), and rewards receive it as the `environments` keyword. Also "
+        "'verifiers:ENV_ID' (a verifiers environment) or 'openenv:module:Class' (an OpenEnv environment): "
+        "docs/environments.md.",
     )
     environment_args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment's constructor."

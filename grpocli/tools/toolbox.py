@@ -182,7 +182,12 @@ def check_combinations(recipe: Recipe) -> None:
 
 
 def _resolve(kind: str, name: str, where: str, registry: Any) -> Resolved:
-    """A registered entry, else module:function / file.py:function."""
+    """A registered entry, an environment package's (verifiers:ENV_ID, openenv:module:Class),
+    else module:function / file.py:function."""
+    if kind == "environment" and name.startswith(("verifiers:", "openenv:")):
+        from grpocli.tools.environment_packages import factory_for
+
+        return Resolved(kind, name, factory_for(name, where))
     if name in registry or ":" not in name:
         return Resolved.of(kind, registry.get(name, where=where))
     from grpocli.rewards.references import _function
