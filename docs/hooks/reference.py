@@ -195,26 +195,12 @@ PAGES: dict[str, Callable[[], str]] = {
 }
 
 
-#: Pages the nav names that other branches write; until one exists, a one-line stub stands in.
-PENDING: dict[str, str] = {
-    "compare.md": "Comparing runs: grpo compare",
-    "check-rewards.md": "Checking rewards",
-    "plugin-scaffold.md": "A plugin in one command: grpo new",
-    "code-sandbox.md": "Code sandbox",
-    "reward-servers.md": "Reward servers",
-    "judge.md": "LLM judges",
-    "environments.md": "Environments: verifiers and OpenEnv",
-    "multi-turn.md": "Multi-turn rollouts",
-}
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """MkDocs event: add the generated pages (and stubs for pending ones) to the site's files."""
+    """MkDocs event: add the generated pages to the site's files."""
     from mkdocs.structure.files import File
 
     for path, write in PAGES.items():
         files.append(File.generated(config, path, content=write()))
-    for path, title in PENDING.items():
-        if files.get_file_from_path(path) is None:
-            files.append(File.generated(config, path, content=f"# {title}\n\n(This page is being written.)\n"))
     return files
