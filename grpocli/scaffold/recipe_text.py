@@ -7,11 +7,11 @@ accepts: the text it writes loads, and its set keys equal the source recipe's.""
 from __future__ import annotations
 
 import textwrap
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from grpocli.recipe.fields import describe, submodel
 from grpocli.recipe.schema import Recipe

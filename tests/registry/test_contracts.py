@@ -84,7 +84,7 @@ def test_every_builtin_fits_its_contract() -> None:
     plugins = load_plugins()
     for entry in plugins.datasets:
         fn = Resolved.of("dataset", entry)
-        required = {p: "x" for p in ("path", "id") if p in fn.fn.__code__.co_varnames}  # local's and hub's
+        required = {p: "x" for p in ("path", "id", "env_id") if p in fn.fn.__code__.co_varnames}  # local's, hub's and verifiers'
         check(fn, DATASET, where="data.dataset", args=required, args_where="data.args")
     for entry in plugins.curricula:
         check(Resolved.of("curriculum", entry), CURRICULUM, where="train.curriculum", args={},
