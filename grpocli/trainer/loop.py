@@ -5,7 +5,7 @@
                       turn loop of grpocli.tools.turns, tools run between the model's turns)
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
-                      `compute_advantages`); groups without reward spread marked
+                      `rollouts.compute_advantages`); groups without reward spread marked
     5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
                       frozen log-probs its loss needs (old policy, reference, engine weights), in
                       passes of train.logprob_micro_batch_size sequences where it is set
@@ -31,18 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
+from grpocli.algorithms.advantages import overlong_penalty
 from grpocli.algorithms.packing import choose_layout
-from grpocli.algorithms.variants import ADVANTAGES
 from grpocli.errors import Stopped
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.weights import policy_weights
-from grpocli.parallel import Parallel
+from grpocli.parallel.trackers import prefixed
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import mix_state
-from grpocli.rewards import RewardFn, score
+from grpocli.rewards import score
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
@@ -58,17 +57,15 @@ from grpocli.trainer.metrics import (
     training_parts,
     write_rollouts,
 )
-from grpocli.parallel.trackers import prefixed
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, flat_groups, keep_informative
+from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, compute_advantages, flat_groups, keep_informative
 from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
 if TYPE_CHECKING:
-    from grpocli.recipe.algorithm_section import AlgorithmSection
     from grpocli.tools.turns import TurnStats
 
 
@@ -394,49 +391,6 @@ class Loop:
     def close(self) -> None:
         if self.prefetch:
             self.prefetch.close()
-
-
-# -- phase 4: advantages over every process's groups -------------------------------------
-def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmSection, *,
-                       max_completion_length: int, reward_fns: list[RewardFn]) -> Advantages:
-    """`values [B*G]`, `flat [B]` and `keep [B*G]` of this process's groups.
-
-    An estimator that `needs_components` (GDPO's normalize_then_sum) also gets every reward's own
-    values; for it a group is flat only where every one of those has no spread (equal totals
-    can hide rewards that differ, which such an estimator still tells apart).
-    """
-    a, g = algorithm, scored.rollouts.group_size
-    entry = ADVANTAGES[a.advantage_scale]
-    everyone = parallel.gather(scored.rewards).view(-1, g)                      # [W*B, G]
-    if entry.needs_components:
-        values, weights = reward_components(scored, a, max_completion_length, reward_fns)  # [B*G, R], [R]
-        n = values.shape[1]
-        parts = parallel.gather(values.reshape(-1)).view(-1, g, n)              # [W*B, G, R]
-        adv = entry.fn(everyone, components=parts, weights=weights)             # [W*B, G]
-        all_flat = torch.stack([zero_spread_groups(parts[..., k]) for k in range(n)]).all(dim=0)  # [W*B]
-    else:
-        adv = entry.fn(everyone)                                                 # [W*B, G]
-        all_flat = zero_spread_groups(everyone)                                  # [W*B]
-    b, rank = scored.rollouts.num_prompts, parallel.rank
-    flat = all_flat[rank * b : (rank + 1) * b]                                   # [B]
-    keep = ~flat if a.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
-    return Advantages(values=adv[rank * b : (rank + 1) * b].reshape(-1), flat=flat,  # [B*G], [B]
-                      keep=keep.repeat_interleave(g))                                # [B*G]
-
-
-def reward_components(scored: Scored, algorithm: AlgorithmSection, max_completion_length: int,
-                      reward_fns: list[RewardFn]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each reward's own values `[B*G, R]` (None as 0, as in the weighted sum) and weights `[R]`,
-    in the order of the recipe's rewards; DAPO's overlong penalty, which the loop adds to the
-    total only, as one more reward of weight 1, so the components hold all of the total."""
-    columns = [[0.0 if v is None else float(v) for v in scored.per_reward[rf.name]] for rf in reward_fns]
-    weights = [float(rf.weight) for rf in reward_fns]
-    op = algorithm.overlong_penalty
-    if op.buffer_length:
-        columns.append(overlong_penalty(scored.rollouts.completion_lengths(), max_completion_length,
-                                        op.buffer_length, op.penalty).tolist())
-        weights.append(1.0)
-    return torch.tensor(columns, dtype=torch.float32).T.contiguous(), torch.tensor(weights)
 
 
 __all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]

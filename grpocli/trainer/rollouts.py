@@ -7,17 +7,24 @@ once by its phase and never changed after:
 
 All are prompt-major: completions [i*G : (i+1)*G] belong to prompt i. `select(groups)` cuts any
 of them to some groups (the optimizer batches of a cycle); DAPO's fill rounds are joined with
-`Scored.concat` and cut to their informative groups (`keep_informative`).
+`Scored.concat` and cut to their informative groups (`keep_informative`). Phase 4 itself,
+`compute_advantages`, is here too: the group-relative advantages over every process's groups.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms.advantages import zero_spread_groups
+from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
+from grpocli.algorithms.variants import ADVANTAGES
+
+if TYPE_CHECKING:
+    from grpocli.parallel import Parallel
+    from grpocli.recipe.algorithm_section import AlgorithmSection
+    from grpocli.rewards import RewardFn
 
 
 @dataclass(frozen=True)
@@ -176,3 +183,46 @@ def _joined(parts: list[Rollouts], name: str) -> list[Any] | None:
 
 def _picked(values: list[Any] | None, idx: list[int]) -> list[Any] | None:
     return [values[i] for i in idx] if values is not None else None
+
+
+# -- phase 4: advantages over every process's groups -------------------------------------
+def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmSection, *,
+                       max_completion_length: int, reward_fns: list[RewardFn]) -> Advantages:
+    """`values [B*G]`, `flat [B]` and `keep [B*G]` of this process's groups.
+
+    An estimator that `needs_components` (GDPO's normalize_then_sum) also gets every reward's own
+    values; for it a group is flat only where every one of those has no spread (equal totals
+    can hide rewards that differ, which such an estimator still tells apart).
+    """
+    a, g = algorithm, scored.rollouts.group_size
+    entry = ADVANTAGES[a.advantage_scale]
+    everyone = parallel.gather(scored.rewards).view(-1, g)                      # [W*B, G]
+    if entry.needs_components:
+        values, weights = reward_components(scored, a, max_completion_length, reward_fns)  # [B*G, R], [R]
+        n = values.shape[1]
+        parts = parallel.gather(values.reshape(-1)).view(-1, g, n)              # [W*B, G, R]
+        adv = entry.fn(everyone, components=parts, weights=weights)             # [W*B, G]
+        all_flat = torch.stack([zero_spread_groups(parts[..., k]) for k in range(n)]).all(dim=0)  # [W*B]
+    else:
+        adv = entry.fn(everyone)                                                 # [W*B, G]
+        all_flat = zero_spread_groups(everyone)                                  # [W*B]
+    b, rank = scored.rollouts.num_prompts, parallel.rank
+    flat = all_flat[rank * b : (rank + 1) * b]                                   # [B]
+    keep = ~flat if a.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+    return Advantages(values=adv[rank * b : (rank + 1) * b].reshape(-1), flat=flat,  # [B*G], [B]
+                      keep=keep.repeat_interleave(g))                                # [B*G]
+
+
+def reward_components(scored: Scored, algorithm: AlgorithmSection, max_completion_length: int,
+                      reward_fns: list[RewardFn]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each reward's own values `[B*G, R]` (None as 0, as in the weighted sum) and weights `[R]`,
+    in the order of the recipe's rewards; DAPO's overlong penalty, which the loop adds to the
+    total only, as one more reward of weight 1, so the components hold all of the total."""
+    columns = [[0.0 if v is None else float(v) for v in scored.per_reward[rf.name]] for rf in reward_fns]
+    weights = [float(rf.weight) for rf in reward_fns]
+    op = algorithm.overlong_penalty
+    if op.buffer_length:
+        columns.append(overlong_penalty(scored.rollouts.completion_lengths(), max_completion_length,
+                                        op.buffer_length, op.penalty).tolist())
+        weights.append(1.0)
+    return torch.tensor(columns, dtype=torch.float32).T.contiguous(), torch.tensor(weights)

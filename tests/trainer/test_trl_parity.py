@@ -2,7 +2,7 @@
 
 The cases come from TRL's own code (../shared/trl-oracle, copied to tests/trainer/data); set
 GRPO_TRL_ORACLE=PATH to check another file of the same format. Each case goes through the code
-a training step runs: advantages over the groups (trainer.loop.compute_advantages), row
+a training step runs: advantages over the groups (trainer.rollouts.compute_advantages), row
 selection, micro-batching in every layout, the normalisers and the optimizer step
 (trainer.batching.optimizer_batches, trainer.step.optimizer_step). Only the policy's forward pass
 is replaced: the log-probs are the oracle's, a leaf tensor whose gradient is compared, and the
@@ -24,7 +24,7 @@ from grpocli.algorithms.packing import Layout
 from grpocli.parallel import Parallel
 from grpocli.recipe import load_recipe
 from grpocli.trainer.batching import optimizer_batches
-from grpocli.trainer.loop import compute_advantages
+from grpocli.trainer.rollouts import compute_advantages
 from grpocli.trainer.rollouts import Rollouts, Scored
 from grpocli.trainer.step import Frozen, LossSettings, optimizer_step
 
