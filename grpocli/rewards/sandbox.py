@@ -269,24 +269,27 @@ def _bwrap_mounts(case_dir: Path | None, python: str | None = None) -> list[str]
     /tmp, the case directory read-write as /sandbox (a private tmpfs there for the probe)."""
     args = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    made: set[str] = {"/", "/proc", "/dev", "/tmp"}
+    made: set[str] = {"/", "/proc", "/dev", "/tmp"}  # directories that exist inside
+    bound: set[str] = set()                            # host directories shown inside as they are
     for top in ("/usr", "/etc", "/bin", "/lib", "/lib64", "/lib32", "/sbin"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
+            bound.add(top)
         made.add(top)
     exe = python or sys.executable
     for path in sorted({sys.prefix, sys.base_prefix, str(Path(os.path.realpath(exe)).parents[1]),
                         str(Path(os.path.abspath(exe)).parents[1])}):
-        if any(path == m or path.startswith(m.rstrip("/") + "/") for m in made if m != "/"):
-            continue
+        if any(path == m or path.startswith(m + "/") for m in bound):
+            continue  # already shown (an interpreter under /tmp is not: /tmp inside is a fresh tmpfs)
         for parent in reversed(Path(path).parents):
             if str(parent) not in made:
                 args += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
         args += ["--ro-bind", path, path]
         made.add(path)
+        bound.add(path)
     if case_dir is None:
         return [*args, "--tmpfs", "/sandbox", "--chdir", "/sandbox"]
     return [*args, "--bind", str(case_dir), "/sandbox", "--chdir", "/sandbox"]

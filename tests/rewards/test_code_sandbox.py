@@ -9,6 +9,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -224,3 +225,11 @@ def test_training_goes_on_with_garbage_completions(tmp_path):
         assert _sandbox_processes() == []
     finally:
         shutil.rmtree(temp_root, ignore_errors=True)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install -y bubblewrap)")
+def test_bwrap_runs_an_interpreter_that_lives_under_the_temp_dir(tmp_path, temp_root):
+    """A virtual environment under /tmp (a CI clone's) is shown inside, though /tmp there is a fresh tmpfs."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert code_tests([""], [CORRECT], tests=[ADD_TESTS], isolation="bwrap", python=python) == [1.0]
