@@ -48,7 +48,7 @@ def env() -> dict[str, str]:
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[dev]'")
     site = tmp_path / "site"
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
                          env=dict(env(), NO_MKDOCS_2_WARNING="1"), capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     for page in ("getting-started", "reference/recipe-keys", "reference/trl-fields", "reference/plugins",
