@@ -64,7 +64,7 @@ if ! skipped tests; then
 fi
 
 for shape in $SHAPES; do
-    mapfile -t MODEL < <("$PY" -m grpocli.benchmark.shapes "$shape")
+    mapfile -t MODEL < <("$PY" -m grpocli.benchmark.presets "$shape")
     SET=("${MODEL[@]}" "model.dtype=$DTYPE" "generation.backend=$BACKEND" "generation.max_completion_length=$LENGTH"
          "train.prompts_per_step=8" "generation.num_generations=8" "train.micro_batch_size=16"
          "train.learning_rate=1e-6" "eval.every=0" "train.save_steps=0" "log.rollouts_every=0")

@@ -44,7 +44,7 @@ def evaluate(
         None, "--max-tokens", help="Longest completion in tokens (default: eval.max_tokens, else "
         "generation.max_completion_length)."),
 ) -> None:
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     run_eval(recipe, overrides or [], checkpoints=checkpoint or [], split=split, n=n, k=k, base=base,
              num_prompts=num_prompts, threshold=threshold, output_dir=output_dir, temperature=temperature,

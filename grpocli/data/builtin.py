@@ -12,7 +12,7 @@ import grpocli
 from grpocli.data.files import load_local
 from grpocli.data.generators import arithmetic, countdown
 from grpocli.data.hub import load_gsm8k, load_hub
-from grpocli.data.verifiers_envs import verifiers_dataset
+from grpocli.data.verifiers_datasets import verifiers_dataset
 
 
 @grpocli.hookimpl

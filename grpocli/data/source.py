@@ -3,7 +3,7 @@
 ``data.dataset`` is, in this order: a registered dataset name (``data.args`` go to its
 loader), a local file (a .jsonl/.json/.parquet/.csv name, or any existing path: the "local"
 loader with ``path``), or a hub id containing "/" (the "hub" loader with ``id``); ``verifiers:ENV_ID`` is a verifiers
-environment's dataset (the "verifiers" loader with ``env_id``, grpocli.data.verifiers_envs).
+environment's dataset (the "verifiers" loader with ``env_id``, grpocli.data.verifiers_datasets).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from grpocli.data.columns import check_prompts, mixed_type, mixed_type_error
 from grpocli.data.files import BUILDERS
 from grpocli.data.saved import saved_kind
-from grpocli.data.verifiers_envs import PREFIX as VERIFIERS_PREFIX
+from grpocli.data.verifiers_datasets import PREFIX as VERIFIERS_PREFIX
 from grpocli.errors import UserError
 from grpocli.registry.contracts import DATASET, Resolved, check
 

@@ -102,7 +102,7 @@ def sample_and_score(
     ``state`` is the trainer_state rewards receive (TRL's keyword), what they log_extra lands
     in each record's ``extra``. No rows: no records; a lockstep backend (grpocli.generation.base)
     still makes its (empty) generate call, which the other processes' calls need. ``turns``: a
-    multi-turn recipe's turn loop (grpocli.tools.turns.TurnLoop, as training samples): rewards get
+    multi-turn recipe's turn loop (grpocli.multiturn.turns.TurnLoop, as training samples): rewards get
     the conversations (and ``environments``), and each record its conversation, model turns and
     environment's ``get_metrics()``."""
     n = settings.n

@@ -45,7 +45,7 @@ class PeriodicEval:
     run_root: Path | None     # where eval/step-N-<split>/ is written (None: nowhere)
     rows: list[dict[str, Any]]  # this process's rendered eval prompts
     indices: list[int]        # their indices in the split
-    turns: Any = None         # a multi-turn recipe's turn loop (grpocli.tools.turns.TurnLoop), else None
+    turns: Any = None         # a multi-turn recipe's turn loop (grpocli.multiturn.turns.TurnLoop), else None
 
     @property
     def every(self) -> int:

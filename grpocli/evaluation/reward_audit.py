@@ -99,7 +99,7 @@ def _sampled(r: Recipe, tokenizer: Any, rows: list[dict[str, Any]], n: int) -> P
     """``n`` completions per row from the recipe's model through its generation backend."""
     from transformers import set_seed
 
-    from grpocli.evaluation.comparison import model_for, open_backend
+    from grpocli.evaluation.eval_run import model_for, open_backend
     from grpocli.evaluation.targets import BASE, Target
     from grpocli.generation.base import Sampling
 

@@ -1,7 +1,7 @@
 """A multi-turn rollout's conversation as `grpo inspect RUN --rollouts STEP` prints it.
 
 Rollouts files of multi-turn runs carry ``conversation``: the messages after the prompt, turn by
-turn (grpocli.tools.turns): the model's turns (``assistant``, with ``tool_calls``) and the tools'
+turn (grpocli.multiturn.turns): the model's turns (``assistant``, with ``tool_calls``) and the tools'
 results (``tool``). Each message gets a label line (whose turn, which tool) and its text, cut in
 the middle where it is long, so that the start and the end (where the answer is) both show.
 """

@@ -2,7 +2,7 @@
 
 Wired into ``Recipe`` by grpocli.recipe.schema as ``tools: list[ToolSpec]`` and
 ``multi_turn: MultiTurnSection``. A recipe with tools or an environment samples each completion
-as a conversation (grpocli.tools.turns): the model calls tools, their results come back as tool
+as a conversation (grpocli.multiturn.turns): the model calls tools, their results come back as tool
 messages, and the model goes on until it answers without a call or ``max_turns`` is reached.
 """
 
@@ -37,7 +37,7 @@ class MultiTurnSection(Section):
     )
     tool_parser: Literal["hermes"] = Field(
         "hermes",
-        description="How the model writes a tool call (grpocli.tools.parsers.TOOL_CALL_PARSERS): 'hermes' is "
+        description="How the model writes a tool call (grpocli.multiturn.parsers.TOOL_CALL_PARSERS): 'hermes' is "
         "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, the format of Qwen2.5, Qwen3 "
         "and SmolLM2 chat templates.",
     )

@@ -24,7 +24,7 @@ from grpocli.registry.names import Registry
 
 GROUP = "grpo"
 BUILTIN_PLUGINS = ("grpocli.rewards.builtin", "grpocli.data.builtin", "grpocli.data.curricula",
-                   "grpocli.tools.builtin")
+                   "grpocli.multiturn.builtin")
 KINDS = {"rewards": "reward", "datasets": "dataset", "curricula": "curriculum", "tools": "tool",
          "environments": "environment"}
 

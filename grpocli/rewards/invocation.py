@@ -153,7 +153,7 @@ def still_running(fn: Callable[..., Any]) -> int:
 @contextlib.contextmanager
 def exits_caught() -> Iterator[None]:
     """``os._exit`` raises ProcessExit in this process for the block (in any of its threads; a
-    process forked meanwhile exits for real): rewards here, tools in grpocli.tools.execution."""
+    process forked meanwhile exits for real): rewards here, tools in grpocli.multiturn.execution."""
     global _exit_guards, _exit_owner
     with _exit_lock:
         if _exit_guards == 0:

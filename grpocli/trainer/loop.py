@@ -2,7 +2,7 @@
 
     1. prompts        the stream (or the curriculum) gives B prompts, split over processes
     2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
-                      turn loop of grpocli.tools.turns, tools run between the model's turns)
+                      turn loop of grpocli.multiturn.turns, tools run between the model's turns)
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
                       `rollouts.compute_advantages`); groups without reward spread marked
@@ -66,7 +66,7 @@ from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
 if TYPE_CHECKING:
-    from grpocli.tools.turns import TurnStats
+    from grpocli.multiturn.turns import TurnStats
 
 
 def train(resolved: Resolved) -> None:

@@ -23,7 +23,7 @@ from grpocli.recipe import Recipe
 if TYPE_CHECKING:
     from grpocli.registry import Entry, Plugins
     from grpocli.rewards import RewardFn
-    from grpocli.tools.toolbox import Toolbox
+    from grpocli.multiturn.toolbox import Toolbox
 
 
 #: Backends that generate with the training model itself: no engine of their own, no engine log-probs.
@@ -47,7 +47,7 @@ def preflight(recipe: Recipe) -> Checked:
     from grpocli.models import check_model
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
-    from grpocli.tools.toolbox import check_environment, open_toolbox
+    from grpocli.multiturn.toolbox import check_environment, open_toolbox
 
     _check_combinations(recipe)
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now

@@ -38,7 +38,7 @@ class Rollouts:
     truncated: torch.Tensor             # [B*G] bool: no EOS within max_completion_length
     group_size: int
     engine_logprobs: list[list[float]] | None = None  # [B*G][Tc] from the generation engine
-    # multi-turn rollouts (grpocli.tools.turns); None for single-turn ones
+    # multi-turn rollouts (grpocli.multiturn.turns); None for single-turn ones
     completion_mask: list[list[int]] | None = None    # [B*G][Tc] 1 on the model's tokens, 0 on tool turns
     conversations: list[list[dict[str, Any]]] | None = None  # [B*G] messages after the prompt
     environments: list[Any] | None = None            # [B*G] one environment per rollout

@@ -29,7 +29,7 @@ from grpocli.trainer.rollouts import Scored
 if TYPE_CHECKING:
     from grpocli.data.template import RenderedPrompts
     from grpocli.recipe.schema import TrainSection
-    from grpocli.tools.turns import TurnLoop
+    from grpocli.multiturn.turns import TurnLoop
 
 
 class TrainingStopped(UserError):
@@ -146,7 +146,7 @@ class Session:
                                 parallel=parallel)
         turns = None
         if checked.toolbox is not None:
-            from grpocli.tools.turns import TurnLoop
+            from grpocli.multiturn.turns import TurnLoop
 
             turns = TurnLoop(checked.toolbox, tokenizer, r, parallel)
         s = cls(resolved=resolved, run=run, parallel=parallel, tokenizer=tokenizer, model=model,

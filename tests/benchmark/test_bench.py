@@ -9,7 +9,7 @@ import pytest
 from grpocli.benchmark.flops import GroupTokens, ModelShape, group_tokens, passes_flops
 from grpocli.benchmark.forecast import counts, forecast, step_seconds
 from grpocli.benchmark.measurement import Measurement, StepRecord
-from grpocli.benchmark.shapes import SHAPES, shape_overrides
+from grpocli.benchmark.presets import SHAPES, shape_overrides
 
 
 def _tiny_model(shape: str = "cpu-tiny"):

@@ -39,7 +39,7 @@ def datasets_cache(tmp_path, monkeypatch):
 
 
 def test_eval_compares_base_and_checkpoint(checkpoint):
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     out = io.StringIO()
     summaries = run_eval("quickstart", OVERRIDES, checkpoints=[str(checkpoint)], base=True, n=4, k="1,2,4",
@@ -74,7 +74,7 @@ def test_eval_compares_base_and_checkpoint(checkpoint):
 
 
 def test_k_larger_than_n_is_a_user_error(checkpoint):
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     with pytest.raises(UserError) as err:
         run_eval("quickstart", OVERRIDES, checkpoints=[str(checkpoint)], n=2, k="1,4", num_prompts=1)
@@ -136,7 +136,7 @@ def test_evaluate_during_training(tmp_path):
 def test_checkpoint_model_section(tmp_path):
     """A checkpoint replaces model.name_or_path; without saved tokenizer files the base's tokenizer
     is used; LoRA is not added again."""
-    from grpocli.evaluation.comparison import model_section_for
+    from grpocli.evaluation.eval_run import model_section_for
     from grpocli.evaluation.targets import Target
 
     model = load_recipe("quickstart", ["model.lora.enabled=true"]).recipe.model
@@ -150,7 +150,7 @@ def test_checkpoint_model_section(tmp_path):
 
 
 def test_eval_of_a_tools_recipe_says_it_samples_without_the_tools(checkpoint, capsys):
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     run_eval("quickstart", [*OVERRIDES, 'tools=[{name="calculator"}]'], checkpoints=[str(checkpoint)], n=2,
              k="1", num_prompts=2, console=Console(file=io.StringIO(), width=120))

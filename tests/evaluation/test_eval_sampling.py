@@ -50,7 +50,7 @@ def test_eval_keys_are_checked_by_the_recipe():
 
 
 def test_grpo_eval_max_tokens_and_temperature(tmp_path):
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     summaries = run_eval("quickstart", [*OVERRIDES, "eval.temperature=0.7"], checkpoints=[], n=2, k="1",
                          num_prompts=2, max_tokens=3, output_dir=str(tmp_path), console=Console(file=io.StringIO()))

@@ -115,7 +115,7 @@ def test_train_resumes_from_the_newest_intact_checkpoint(run_copy, one_thread, c
 @pytest.mark.slow
 def test_eval_of_a_run_takes_its_newest_intact_checkpoint(run_copy, one_thread, capfd):
     """`grpo eval --checkpoint RUN` on a run whose newest weights are truncated."""
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     _damage(run_copy, 4, "truncated weights")
     summaries = run_eval("quickstart", EVAL_OVERRIDES, checkpoints=[str(run_copy)], n=2, k="1", num_prompts=2,
@@ -143,7 +143,7 @@ def test_eval_of_a_named_damaged_checkpoint_is_exit_2(run_copy, how):
 def test_eval_says_a_checkpoint_was_pruned_while_it_read_it(run_copy, tmp_path, monkeypatch):
     """A run still training prunes old checkpoints (train.save_total_limit): here a reward that
     runs while step-2 is evaluated removes step-4 before `grpo eval` loads it."""
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     step4 = run_copy / "checkpoints" / "step-4"
     (tmp_path / "pruner.py").write_text(textwrap.dedent(f"""

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiny_runs import FAST
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # turn_fixtures, as test_fsdp_lockstep
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multiturn"))  # turn_fixtures, as test_fsdp_lockstep
 from turn_fixtures import chatty_model
 from turn_fixtures import recipe as tool_recipe
 
@@ -26,7 +26,7 @@ PROMPTS = ["<|im_start|>user\n1+2=<|im_end|>\n", "<|im_start|>user\n300+45=<|im_
 
 @pytest.fixture(scope="module")
 def chatty():
-    """A real tiny model whose sequences end after a few tokens (tests/tools/turn_fixtures.py)."""
+    """A real tiny model whose sequences end after a few tokens (tests/multiturn/turn_fixtures.py)."""
     return chatty_model(tool_recipe())
 
 

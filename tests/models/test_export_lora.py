@@ -66,7 +66,7 @@ def test_lora_checkpoint_holds_only_the_adapter(lora_run):
 
 def test_eval_checkpoint_of_a_lora_run(lora_run):
     """The recipe's tiny shape (quickstart's default) differs from the run's: the base model is the run's."""
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     summaries = run_eval("quickstart", ["generation.max_completion_length=6", "data.args={num_samples=40}"],
                          checkpoints=[str(lora_run)], n=2, k="1,2", num_prompts=2,

@@ -78,8 +78,8 @@ def test_the_curriculum_keywords_are_those_the_trainer_passes() -> None:
 
 
 def test_every_builtin_fits_its_contract() -> None:
-    from grpocli.tools.builtin import guess_number_dataset
-    from grpocli.tools.toolbox import tool_from_function
+    from grpocli.multiturn.builtin import guess_number_dataset
+    from grpocli.multiturn.toolbox import tool_from_function
 
     plugins = load_plugins()
     for entry in plugins.datasets:
@@ -200,5 +200,5 @@ def test_registry_imports_no_higher_package() -> None:
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
-        for higher in ("grpocli.trainer", "grpocli.tools", "grpocli.data", "grpocli.rewards"):
+        for higher in ("grpocli.trainer", "grpocli.multiturn", "grpocli.data", "grpocli.rewards"):
             assert not any(name.startswith(higher) for name in names), (path.name, higher)

@@ -28,7 +28,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
-sys.path[:0] = [str(TESTS), str(TESTS / "tools")]  # also when torchrun runs this file as a script
+sys.path[:0] = [str(TESTS), str(TESTS / "multiturn")]  # also when torchrun runs this file as a script
 
 from tiny_runs import FAST
 

@@ -16,7 +16,7 @@ from grpocli.generation import backends  # noqa: E402
 
 
 def _eval(tmp_path, monkeypatch, tiny_shape, *extra: str) -> tuple[dict, list[dict], list[str]]:
-    from grpocli.evaluation.comparison import run_eval
+    from grpocli.evaluation.eval_run import run_eval
 
     used: list[str] = []
     for name, factory in list(backends.BACKENDS.items()):

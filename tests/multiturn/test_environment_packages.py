@@ -1,7 +1,7 @@
 """Environments written in other libraries' formats: verifiers (classic API: vf.SingleTurnEnv,
 vf.MultiTurnEnv with env_response and @vf.stop, vf.Rubric; loaded by id) and OpenEnv (openenv-core's
 Environment with reset/step and pydantic Action/Observation), run by grpo's turn loop. The
-environments are real ones, in tests/tools/envpkgs; the training runs use the real tiny model."""
+environments are real ones, in tests/multiturn/envpkgs; the training runs use the real tiny model."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def _said(row: dict[str, Any], role: str) -> list[str]:
 
 
 def test_a_single_turn_verifiers_env_scores_the_answer_with_its_rubric(envpkgs):
-    from grpocli.data.verifiers_envs import verifiers_dataset
-    from grpocli.tools.verifiers_env import factory_for
+    from grpocli.data.verifiers_datasets import verifiers_dataset
+    from grpocli.multiturn.verifiers_rollouts import factory_for
 
     rows = verifiers_dataset(split="train", seed=0, env_id="vf_say_answer", num_samples=3)
     assert len(rows) == 3 and rows[1]["prompt"][0] == {"role": "system", "content": "Answer with a number."}
@@ -62,8 +62,8 @@ def test_a_verifiers_env_dataset_loads_through_data_dataset(envpkgs):
 
 
 def test_a_multi_turn_verifiers_env_answers_until_its_stop_condition(envpkgs):
-    from grpocli.data.verifiers_envs import verifiers_dataset
-    from grpocli.tools.verifiers_env import factory_for
+    from grpocli.data.verifiers_datasets import verifiers_dataset
+    from grpocli.multiturn.verifiers_rollouts import factory_for
 
     row = verifiers_dataset(split="train", seed=0, env_id="vf_guess_game", num_samples=2)[1]
     env = factory_for("verifiers:vf_guess_game", "multi_turn.environment")(num_samples=2)
@@ -79,7 +79,7 @@ def test_a_multi_turn_verifiers_env_answers_until_its_stop_condition(envpkgs):
 
 
 def test_an_openenv_env_steps_on_each_turn_until_done(envpkgs):
-    from grpocli.tools.openenv_env import factory_for
+    from grpocli.multiturn.openenv_env import factory_for
 
     env = factory_for("openenv:openenv_counter:CounterEnvironment", "multi_turn.environment")(steps=2)
     assert env.reset(prompt="12+7=", answer=19) == " Board ready, say something."
@@ -90,8 +90,8 @@ def test_an_openenv_env_steps_on_each_turn_until_done(envpkgs):
 
 
 def test_missing_libraries_and_environments_are_named_before_any_model_loads(envpkgs, monkeypatch):
-    from grpocli.tools.openenv_env import factory_for as openenv_factory
-    from grpocli.tools.verifiers_env import factory_for
+    from grpocli.multiturn.openenv_env import factory_for as openenv_factory
+    from grpocli.multiturn.verifiers_rollouts import factory_for
 
     with pytest.raises(UserError, match="no verifiers environment 'no_such_env'") as err:
         factory_for("verifiers:no_such_env", "multi_turn.environment")
@@ -99,7 +99,7 @@ def test_missing_libraries_and_environments_are_named_before_any_model_loads(env
     with pytest.raises(UserError, match="not an OpenEnv Environment class"):
         openenv_factory("openenv:openenv_counter:CounterAction", "multi_turn.environment")
     monkeypatch.setitem(sys.modules, "verifiers", None)                          # as if not installed
-    monkeypatch.setattr("grpocli.data.verifiers_envs._LOADED", {})
+    monkeypatch.setattr("grpocli.data.verifiers_datasets._LOADED", {})
     with pytest.raises(UserError, match="verifiers package is not installed") as err:
         factory_for("verifiers:vf_say_answer", "multi_turn.environment")
     assert "grpocli[envs]" in err.value.hint

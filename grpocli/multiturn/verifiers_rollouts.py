@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from grpocli.data.verifiers_envs import PREFIX, find_verifiers_env, import_verifiers, load_verifiers_env
+from grpocli.data.verifiers_datasets import PREFIX, find_verifiers_env, import_verifiers, load_verifiers_env
 from grpocli.errors import UserError
 
 _LOOP: asyncio.AbstractEventLoop | None = None

@@ -10,7 +10,7 @@ imports the module ``env_id`` (``-`` read as ``_``; installed with ``vf-install`
 ``data.dataset = "verifiers:ENV_ID"`` loads that environment (``data.args`` are its
 ``load_environment`` arguments) and gives its dataset: ``env.get_dataset()`` for the split
 "train", ``env.get_eval_dataset()`` for any other. The rollouts are driven by grpo's turn loop
-through ``grpocli.tools.verifiers_env``.
+through ``grpocli.multiturn.verifiers_rollouts``.
 
 grpo reads the classic (v0) API: ``vf.Environment`` / ``SingleTurnEnv`` / ``MultiTurnEnv`` /
 ``Rubric``. verifiers 0.3 keeps it (``verifiers.legacy``, aliased as ``import verifiers as vf``);

@@ -6,7 +6,7 @@
                    higher / lower each time; the dataset 'guess_number' holds the secrets and
                    the reward 'environment.reward' reads each rollout's environment.
 ``arithmetic_feedback``  an environment without tools: it answers the model's text turns
-                   ("Wrong, try again.") until the answer is right (grpocli.tools.feedback).
+                   ("Wrong, try again.") until the answer is right (grpocli.multiturn.feedback).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import grpocli
 from grpocli.errors import UserError
-from grpocli.tools.feedback import ArithmeticFeedback
+from grpocli.multiturn.feedback import ArithmeticFeedback
 
 
 def calculator(expression: str) -> str:

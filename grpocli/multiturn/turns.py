@@ -2,9 +2,9 @@
 
     turn 1      every prompt's G rollouts generate at once (backend.generate_ids, n = G)
     tools       the calls each model turn wrote (TOOL_CALL_PARSERS) run concurrently, each
-                bounded by multi_turn.tool_timeout (grpocli.tools.execution)
+                bounded by multi_turn.tool_timeout (grpocli.multiturn.execution)
     splice      the tool messages' tokens (the chat template's rendering of that turn alone,
-                grpocli.tools.template.ToolTurns) are appended to the rollout's token ids
+                grpocli.multiturn.template.ToolTurns) are appended to the rollout's token ids
     reply       a turn without a call goes to the environment's ``respond(messages)`` where it
                 has one (verl's interaction, verifiers' env_response): the text it returns is
                 spliced in as a user turn the same way, and None ends the rollout
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
 from grpocli.parallel import Parallel
-from grpocli.tools.execution import Outcome, run_turn
-from grpocli.tools.parsers import TOOL_CALL_PARSERS, ToolCall
-from grpocli.tools.template import ToolTurns, render_with_tools
-from grpocli.tools.toolbox import Toolbox
+from grpocli.multiturn.execution import Outcome, run_turn
+from grpocli.multiturn.parsers import TOOL_CALL_PARSERS, ToolCall
+from grpocli.multiturn.template import ToolTurns, render_with_tools
+from grpocli.multiturn.toolbox import Toolbox
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe

@@ -2,7 +2,7 @@
 random weights and the built-in character tokenizer padded to the model's vocabulary (filler
 tokens), so a benchmark needs no download and no weights on disk.
 
-    python -m grpocli.benchmark.shapes qwen2.5-0.5b     # prints the overrides, one a line
+    python -m grpocli.benchmark.presets qwen2.5-0.5b     # prints the overrides, one a line
 """
 
 from __future__ import annotations

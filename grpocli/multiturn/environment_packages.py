@@ -1,7 +1,7 @@
 """Environments from other libraries' formats, named by a prefix in ``multi_turn.environment``.
 
-    verifiers:ENV_ID          a verifiers environment (grpocli.tools.verifiers_env)
-    openenv:module:Class      an OpenEnv environment class (grpocli.tools.openenv_env)
+    verifiers:ENV_ID          a verifiers environment (grpocli.multiturn.verifiers_rollouts)
+    openenv:module:Class      an OpenEnv environment class (grpocli.multiturn.openenv_env)
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ def factory_for(name: str, where: str) -> Callable[..., Any]:
     """The per-rollout factory of a prefixed environment name; UserError before any model loads
     where its library or the environment is missing."""
     if name.startswith("verifiers:"):
-        from grpocli.tools import verifiers_env
+        from grpocli.multiturn import verifiers_rollouts
 
-        return verifiers_env.factory_for(name, where)
-    from grpocli.tools import openenv_env
+        return verifiers_rollouts.factory_for(name, where)
+    from grpocli.multiturn import openenv_env
 
     return openenv_env.factory_for(name, where)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpocli.rewards.invocation import ProcessExit, exits_caught
-from grpocli.tools.parsers import ToolCall
+from grpocli.multiturn.parsers import ToolCall
 
 _warned: set[tuple[str, str]] = set()  # (tool, "sys.exit" | "os._exit") already said on stderr
 _warned_lock = threading.Lock()

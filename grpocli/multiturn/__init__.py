@@ -1,4 +1,4 @@
-"""Multi-turn rollouts: tools, environments and the turn loop (grpocli.tools.turns).
+"""Multi-turn rollouts: tools, environments and the turn loop (grpocli.multiturn.turns).
 
     toolbox.py     a recipe's tools and environment, resolved; function -> JSON schema
     parsers.py     TOOL_CALL_PARSERS: the model's text -> tool calls, one entry per format

@@ -1,5 +1,5 @@
 """A real tiny model that ends its turns after a few tokens, and the turn loop around it, for the
-tests of tests/tools (a module, as tests/tiny_runs.py, so both test files import it).
+tests of tests/multiturn (a module, as tests/tiny_runs.py, so both test files import it).
 
 A randomly initialised tiny model almost never writes EOS (1 token in 104), so its turns would
 all run into the budget. `chatty` changes its weights (a real model still, run by transformers and
@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from grpocli.generation.base import Sampling
-from grpocli.tools.parsers import ToolCall
-from grpocli.tools.toolbox import Toolbox, tool_from_function
-from grpocli.tools.turns import TurnLoop
+from grpocli.multiturn.parsers import ToolCall
+from grpocli.multiturn.toolbox import Toolbox, tool_from_function
+from grpocli.multiturn.turns import TurnLoop
 
 #: Head size 32: vLLM's CPU attention takes it.
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}

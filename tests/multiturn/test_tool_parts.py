@@ -11,21 +11,21 @@ import pytest
 from cli_runner import run_grpo
 
 from grpocli.errors import UserError
-from grpocli.tools.builtin import (
+from grpocli.multiturn.builtin import (
     GuessNumber,
     calculator,
     environment_reward,
     guess_number_dataset,
 )
-from grpocli.tools.execution import run_turn
-from grpocli.tools.parsers import (
+from grpocli.multiturn.execution import run_turn
+from grpocli.multiturn.parsers import (
     TOOL_CALL_PARSERS,
     ToolCall,
     parse_hermes,
     strip_hermes,
 )
-from grpocli.tools.template import ToolTurns, render_with_tools
-from grpocli.tools.toolbox import tool_from_function
+from grpocli.multiturn.template import ToolTurns, render_with_tools
+from grpocli.multiturn.toolbox import tool_from_function
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -211,4 +211,4 @@ def test_inspect_plugins_lists_the_tools_and_environments():
     tools = done.stdout[done.stdout.index("\ntools\n"):]
     assert "calculator" in tools and "Evaluate an arithmetic expression" in tools
     environments = tools[tools.index("\nenvironments\n"):]
-    assert "guess_number" in environments and "grpocli.tools.builtin" in environments
+    assert "guess_number" in environments and "grpocli.multiturn.builtin" in environments

@@ -194,14 +194,14 @@ def test_grpo_train_runs_a_calculator_recipe(tmp_path):
 
 
 def test_an_environment_per_rollout_is_reset_on_its_row_and_scored(sampled):
-    from grpocli.tools.builtin import (
+    from grpocli.multiturn.builtin import (
         GuessNumber,
         environment_reward,
         guess_number_dataset,
     )
-    from grpocli.tools.parsers import ToolCall
-    from grpocli.tools.toolbox import Toolbox, tool_from_function
-    from grpocli.tools.turns import TurnLoop
+    from grpocli.multiturn.parsers import ToolCall
+    from grpocli.multiturn.toolbox import Toolbox, tool_from_function
+    from grpocli.multiturn.turns import TurnLoop
 
     r = recipe("multi_turn.environment='guess_number'", "multi_turn.max_turns=3", "tools=[]")
     _, model, tok, _, _, _ = sampled

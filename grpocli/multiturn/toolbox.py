@@ -185,7 +185,7 @@ def _resolve(kind: str, name: str, where: str, registry: Any) -> Resolved:
     """A registered entry, an environment package's (verifiers:ENV_ID, openenv:module:Class),
     else module:function / file.py:function."""
     if kind == "environment" and name.startswith(("verifiers:", "openenv:")):
-        from grpocli.tools.environment_packages import factory_for
+        from grpocli.multiturn.environment_packages import factory_for
 
         return Resolved(kind, name, factory_for(name, where))
     if name in registry or ":" not in name:

@@ -15,9 +15,9 @@ from tiny_runs import FAST
 from turn_fixtures import ROWS, SAMPLING, chatty_model, recipe, runs
 
 from grpocli.generation.hf import HFBackend
-from grpocli.tools.feedback import TOO_HIGH, TOO_LOW, WRONG, ArithmeticFeedback
-from grpocli.tools.toolbox import Toolbox
-from grpocli.tools.turns import TurnLoop
+from grpocli.multiturn.feedback import TOO_HIGH, TOO_LOW, WRONG, ArithmeticFeedback
+from grpocli.multiturn.toolbox import Toolbox
+from grpocli.multiturn.turns import TurnLoop
 
 
 class Countdown:
@@ -63,7 +63,7 @@ def test_arithmetic_feedback_judges_each_answer_and_ends_when_right():
 
 def test_a_respond_that_cannot_take_the_conversation_is_refused_before_any_model_loads():
     from grpocli.errors import UserError
-    from grpocli.tools.toolbox import check_environment
+    from grpocli.multiturn.toolbox import check_environment
 
     class Mute:
         def respond(self) -> None:
@@ -148,7 +148,7 @@ def test_grpo_train_logs_both_success_rates_in_training_and_held_out_evaluation(
 
 
 def test_the_call_format_reward_counts_calls_that_ran():
-    from grpocli.tools.builtin import tool_call_ran
+    from grpocli.multiturn.builtin import tool_call_ran
 
     called = [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "tool", "content": "42"},
               {"role": "assistant", "content": "42"}]
