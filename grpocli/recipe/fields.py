@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from grpocli.errors import did_you_mean
 from grpocli.recipe.schema import Recipe
 from grpocli.recipe.section import FREE_ON_RESUME
 
@@ -49,3 +50,21 @@ def _default(field: Any) -> str:
         value = field.default_factory()
         return repr(value) if not isinstance(value, BaseModel) else "(section)"
     return "(required)"
+
+
+def every_key(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
+    """Every section and key of the recipe, dotted ('train', 'train.learning_rate', 'rewards.name', ...)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        key = prefix + name
+        keys.append(key)
+        sub = submodel(field.annotation)
+        if sub is not None:
+            keys.extend(every_key(sub, key + "."))
+    return keys
+
+
+def unknown_keys(keys: list[str]) -> list[str]:
+    """The entries of train.allow_changes that name no key or section, each with a did-you-mean."""
+    every = every_key()
+    return [f"{k!r}{did_you_mean(k, every)}" for k in keys if k != "*" and k not in every]

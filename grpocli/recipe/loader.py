@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpocli.errors import UserError, did_you_mean
 from grpocli.recipe import catalog
+from grpocli.recipe.fields import unknown_keys
 from grpocli.recipe.schema import Recipe
 
 DEFAULT = "default"
@@ -69,7 +70,13 @@ def load_recipe(
     try:
         recipe = Recipe(**merged)
     except ValidationError as exc:
-        raise _validation_error(exc, where_file, sources) from None
+        raise _validation_error(exc.errors(), where_file, sources) from None
+    wrong = unknown_keys(recipe.train.allow_changes)  # the whole recipe's keys: checked once it is whole
+    if wrong:
+        raise _validation_error([{
+            "loc": ("train", "allow_changes"), "type": "value_error", "input": recipe.train.allow_changes,
+            "msg": f"no such key or section: {', '.join(wrong)}; valid: dotted keys such as 'train.learning_rate', "
+                   "a section such as 'algorithm', or '*'"}], where_file, sources)
     name = path.stem if path else "default"
     return Resolved(recipe=recipe, name=name, path=path, sources=sources)
 
@@ -262,9 +269,10 @@ def _source_of(sources: dict[str, str], dotted: str) -> str:
     return DEFAULT
 
 
-def _validation_error(exc: ValidationError, where_file: str, sources: dict[str, str]) -> UserError:
+def _validation_error(errors: list[Any], where_file: str, sources: dict[str, str]) -> UserError:
+    """The UserError of pydantic's errors (``ValidationError.errors()``), each naming its key and source."""
     lines, valid = [], None
-    for err in exc.errors():
+    for err in errors:
         loc = [str(p) for p in err["loc"]]
         dotted = _dotted(loc)
         source = _source_of(sources, dotted)

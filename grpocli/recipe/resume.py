@@ -25,7 +25,7 @@ from typing import Any
 import tomllib
 from pydantic import BaseModel
 
-from grpocli.errors import UserError, did_you_mean
+from grpocli.errors import UserError
 from grpocli.recipe.fields import submodel
 from grpocli.recipe.loader import Resolved, flatten
 from grpocli.recipe.schema import Recipe
@@ -106,12 +106,6 @@ def is_free(dotted: str) -> bool:
     return False
 
 
-def unknown(keys: list[str]) -> list[str]:
-    """The entries of train.allow_changes that name no key or section, with a did-you-mean."""
-    every = _all_keys(Recipe, "")
-    return [f"{k!r}{did_you_mean(k, every)}" for k in keys if k != "*" and k not in every]
-
-
 def _allowed(key: str, allowed: list[str]) -> bool:
     plain = ".".join(_parts(key))
     return any(a == "*" or plain == a or plain.startswith(a + ".") for a in allowed)
@@ -120,17 +114,6 @@ def _allowed(key: str, allowed: list[str]) -> bool:
 def _parts(dotted: str) -> list[str]:
     """'rewards[0].timeout' -> ['rewards', 'timeout']."""
     return [p.split("[", 1)[0] for p in dotted.split(".")]
-
-
-def _all_keys(model: type[BaseModel], prefix: str) -> list[str]:
-    keys = []
-    for name, field in model.model_fields.items():
-        key = prefix + name
-        keys.append(key)
-        sub = submodel(field.annotation)
-        if sub is not None:
-            keys.extend(_all_keys(sub, key + "."))
-    return keys
 
 
 def _show(value: Any) -> str:

@@ -142,17 +142,6 @@ class TrainSection(Section):
     curriculum: str | None = Field(None, description="A registered curriculum that picks the next prompts.")
     curriculum_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the curriculum.")
 
-    @field_validator("allow_changes")
-    @classmethod
-    def _known_keys(cls, value: list[str]) -> list[str]:
-        from grpocli.recipe.resume import unknown
-
-        wrong = unknown(value)
-        if wrong:
-            raise ValueError(f"no such key or section: {', '.join(wrong)}; valid: dotted keys such as "
-                             "'train.learning_rate', a section such as 'algorithm', or '*'")
-        return value
-
     @field_validator("output_dir")
     @classmethod
     def _output_dir_named(cls, value: str) -> str:

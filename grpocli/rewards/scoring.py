@@ -69,12 +69,6 @@ class RewardLog:
         """TRL's ``log_metric``: a scalar for this batch."""
         self.metrics.setdefault(str(name), []).append(float(value))
 
-    def merge(self, other: RewardLog) -> None:
-        for column, values in other.columns.items():
-            self.columns.setdefault(column, []).extend(values)
-        for name, values in other.metrics.items():
-            self.metrics.setdefault(name, []).extend(values)
-
 
 @dataclass
 class Scores:

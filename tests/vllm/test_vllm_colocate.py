@@ -85,7 +85,7 @@ def test_first_sync_checks_names_and_shapes(session, tiny_shape):
 
 def test_head_sizes_cpu_attention_cannot_run_are_named(tmp_path):
     """The default tiny model (64 / 4 heads = head size 16) gets a UserError with the fix, not a kernel error."""
-    from grpocli.generation.vllm_colocate import check_head_size
+    from grpocli.generation.vllm_install import check_head_size
 
     (tmp_path / "config.json").write_text('{"hidden_size": 64, "num_attention_heads": 4}')
     if torch.cuda.is_available():
