@@ -7,7 +7,7 @@
     targets.py     which models to compare (base, checkpoints, run directories)
     records.py     eval/<label>-<split>/samples.jsonl + summary.json
     report.py      the comparison table
-    comparison.py  `grpo eval RECIPE` end to end: base and checkpoints, one table
+    eval_run.py    `grpo eval RECIPE` end to end: base and checkpoints, one table
     periodic.py    PeriodicEval: evaluation every eval.every steps inside the training loop
     probes.py      `grpo check-rewards`: probe completions (gold, wrong, no format, empty, long, repeated)
     probe_scores.py  each reward's scores on the probes, and the flags they raise

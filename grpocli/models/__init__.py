@@ -1,5 +1,13 @@
 """Models: load the policy, reference and tokenizer of a [model] section; build tiny ones offline.
 
+    source.py     where a model comes from: a directory, a GGUF file, a packaged model, a hub id
+    packaged.py   models shipped inside an installed Python package as a GGUF file
+    loader.py     the tokenizer, the policy and the reference model of a [model] section
+    files.py      save_pretrained without a progress bar; safetensors weights read back
+    export.py     checkpoints as standalone models (LoRA adapters merged into their base)
+    tiny.py       tiny Qwen2 models from [model.tiny]: no download, bit-identical for a seed
+    tokenizer.py  the built-in character-level tokenizer, built offline
+
 Names are imported lazily (PEP 562), so ``import grpocli.models`` imports neither torch nor
 transformers; each submodule imports them inside its functions.
 """

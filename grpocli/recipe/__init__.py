@@ -1,5 +1,23 @@
 """Recipes: the schema, the loader with sources, and the built-in catalog.
 
+    schema.py             the Recipe: every option of a run, declared once (type, bounds, description)
+    section.py            the base of every section: unknown keys refused, assignments validated
+    train_section.py      [train]: optimization and run control
+    algorithm_section.py  [algorithm]: advantages, the loss and its conventions, KL
+    vllm_section.py       [vllm]: the engine or server(s) that generate, importance sampling
+    eval_section.py       [eval]: how `grpo eval` and periodic evaluation sample and judge
+    tools_section.py      [[tools]] and [multi_turn]
+    bounds.py             limits several keys share
+    backend_choice.py     what generation.backend = "auto" becomes
+    duration.py           train.num_train_epochs and train.warmup_ratio, as TRL says them
+    fields.py             every key of the schema: documentation rows, the dotted key list
+    loader.py             defaults < file < GRPO_SECTION__KEY < `section.key=value`, with each value's source
+    catalog.py            the built-in recipes (recipes/ in the checkout, grpocli/recipes in the wheel)
+    resume.py             what may change when a run resumes, and what may not
+    trl_names.py          TRL 1.16's GRPOConfig fields and the recipe key of each
+    trl_config_file.py    a TRL GRPOConfig read from YAML or JSON
+    trl_import.py         `grpo import trl`: a GRPOConfig -> a recipe that trains as TRL would
+
 Below every package but grpocli.algorithms (its variant tables name the accepted losses and
 estimators) and grpocli.errors; imports no torch, so `grpo --help` and `grpo inspect` stay light.
 """

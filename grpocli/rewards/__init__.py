@@ -1,5 +1,23 @@
 """Rewards: the TRL reward contract, the built-in rewards and the runner that scores a batch.
 
+    scoring.py          a batch scored with the recipe's rewards: each called, its values checked, combined
+    invocation.py       calling reward functions: sync ones in turn, async ones together on one loop
+    watchdog.py         a sync reward in the main thread under grpo's timeout (signal-alarm rewards)
+    failures.py         what a failed call becomes: the UserError that stops the run, or a None score
+    arguments.py        the ``[[rewards]] args`` a reward accepts, and the checks that refuse others
+    factories.py        [[rewards]] functions that make the reward from its args, as TRL's
+    references.py       rewards named without a plugin: a ``module:function``, a reward model directory
+    builtin.py          the built-in rewards, registered through the plugin hook
+    text.py             a completion's text and the answer in it: parsers the built-ins share
+    expression.py       safe integer arithmetic for the arithmetic rewards
+    reward_model.py     a sequence-classification checkpoint as a reward
+    code_tests.py       ``code.tests``: a completion's code run against its row's tests
+    sandbox.py          one untrusted program in a sandbox: a process per case, limits, a private directory
+    sandbox_harness.py  the first code that runs inside a sandboxed case; stdlib only
+    judge.py            ``judge``: an LLM grades completions through an OpenAI-compatible endpoint
+    verdicts.py         a judge's reply read as a score
+    remote.py           [[rewards]] entries with ``url``: scored by `grpo reward-serve` over HTTP
+
 Light imports only (no torch): ``grpo --help`` and ``grpo inspect plugins`` import this.
 """
 

@@ -1,1 +1,16 @@
-"""The training loop (Accelerate), batching, checkpoints and resume."""
+"""The GRPO step (Accelerate): the loop, its phases' values, batching, checkpoints and resume.
+
+    loop.py            the training loop, read top to bottom: numbered phases, one generation cycle at a time
+    rollouts.py        what one cycle hands from phase to phase (Rollouts, Scored, Advantages)
+    batching.py        micro-batches of the sequences that enter the loss
+    step.py            one optimizer step: the named loss, KL, aggregation, backward, update
+    mismatch.py        engine log-probs into the loss: importance weights and their metrics
+    offloading.py      activation offloading: saved tensors in host memory
+    prefetch.py        asynchronous generation (generation.async_steps)
+    metrics.py         a step's metrics.jsonl line, what it shows, rollouts files
+    completion_log.py  live completions (log.completions_to_print)
+    checkpoint.py      checkpoints that are complete or absent; resume that continues exactly
+    session.py         `Session`: everything the loop needs, opened in an order that fails early
+    preflight.py       checks that need no model (names, rewards, tools), before any loads
+    signals.py         SIGTERM and SIGINT: stop cleanly and say what was kept
+"""
