@@ -9,5 +9,5 @@ side-by-side comparison with TRL's GRPOTrainer in fresh, alternating processes (
     report.py       the figures as text and as one JSON line
     workers.py      one side of a comparison (grpo or TRL) in a fresh process: `python -m ...workers`
     vs_trl.py       the alternating trials and their ratio
-    shapes.py       real models' shapes (Qwen2.5 0.5B / 1.5B) as `model.tiny.*` overrides
+    presets.py      real models' shapes (Qwen2.5 0.5B / 1.5B) as `model.tiny.*` overrides
 """

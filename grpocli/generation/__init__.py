@@ -1,1 +1,17 @@
-"""Generation backends. Only this package (and server/) imports vllm."""
+"""Generation: the GenerationBackend protocol and its backends. Only this package (and server/) imports vllm.
+
+    base.py            the GenerationBackend protocol, Sampling and Generated; prompts encoded once
+    backends.py        `generation.backend` -> the backend: one table, for training and `grpo eval`
+    hf.py              transformers' `generate` on the training model itself
+    paged.py           transformers' continuous batching (generation.backend = "paged")
+    vllm_colocate.py   a vLLM engine in this process (generation.backend = "vllm"); the server's engine wrapper
+    vllm_install.py    vLLM's import (or how to install it) and the head sizes its CPU attention runs
+    engine_options.py  the arguments of ``vllm.LLM`` per device: pure functions
+    engine_copy.py     the policy saved for a colocated engine to start from
+    engine_sleep.py    the colocated engine's sleep mode (vllm.sleep_mode)
+    vllm_client.py     generation.backend = "vllm-server": a `grpo vllm-serve`, sent new weights
+    fleet.py           several `grpo vllm-serve` processes as one
+    weights.py         weights on their way to an engine: names, spec, buckets, wire formats
+    lora.py            LoRA adapters added to their base weights out of place, for a weight sync
+    devices.py         which CUDA device a process, thread or server works on; whether two are one GPU
+"""

@@ -1,4 +1,4 @@
-"""`grpo vllm-serve`: a FastAPI + uvicorn generation server around one vLLM engine, with weight updates.
+"""`grpo vllm-serve` (and, in rewards.py, `grpo reward-serve`): a FastAPI + uvicorn generation server around one vLLM engine, with weight updates.
 
 protocol.py  grpo's own protocol (version PROTOCOL_VERSION): its paths and the pydantic request bodies
 host.py      the engine on its worker's thread: jobs, health, the weights' version and completeness
@@ -13,4 +13,7 @@ completions.py  their OpenAI-style bodies -> vLLM SamplingParams, vLLM's outputs
 chat.py      chat templates: request templates only when trusted, rendered off the engine thread in bounded time
 transfer.py  TRL's weight sync (vLLM's weight-transfer-engine paths): sessions, packed broadcasts, checks
 peer.py      this server's end of the trainer's group (NCCL or gloo): joining it, receiving broadcasts
+flags.py     `trl vllm-serve`'s flags, read as grpo vllm-serve's
+access.py    who may call a server and what it hears back: the API key, errors as JSON, the port check
+rewards.py   `grpo reward-serve`: rewards scored over HTTP for [[rewards]] entries with url
 """
