@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-__version__ = "0.1.0"
+from grpocli.version import __version__
 
 #: Mark plugin functions with this: ``@grpocli.hookimpl def register_rewards(register): ...``
 hookimpl = pluggy.HookimplMarker("grpo")

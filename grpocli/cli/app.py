@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from grpocli import __version__
+from grpocli.version import __version__
 from grpocli.cli import (
     bench,
     check_rewards,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pluggy
 
-from grpocli import __version__
+from grpocli.version import __version__
 from grpocli.errors import UserError
 from grpocli.registry import hookspecs
 from grpocli.registry.names import Registry
