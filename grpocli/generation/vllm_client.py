@@ -2,7 +2,7 @@
 
 The client works as TRL's ``VLLMClient`` does (wait for /health, generate from token ids, push
 the policy's weights; the server resets its prefix cache after each update) with grpo's server
-protocol (grpocli/server/protocol.py). The weights are sent when the backend opens and at each
+protocol (grpocli/wire/generation.py), through grpocli.wire.client. The weights are sent when the backend opens and at each
 ``sync_weights`` (the trainer calls it after each generation cycle's optimizer steps), in buckets
 (one HTTP call or one broadcast per bucket, not per tensor); the first update sends the full spec
 for the server to check, and every call has a timeout (``vllm.server_timeout``) that ends in a
@@ -23,19 +23,15 @@ restores, so step N of a resumed run draws what step N of the uninterrupted run 
 Several servers (``vllm.server_url`` a list) form a fleet: grpocli/generation/fleet.py spreads
 the prompts over them by whole groups and sends the weights to all of them.
 
-Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
+The trainer's side needs no vLLM and no server package: its HTTP is grpocli.wire.client's (httpx).
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -53,38 +49,13 @@ from grpocli.generation.weights import (
     policy_weights,
 )
 from grpocli.parallel import Parallel
+from grpocli.wire import generation as wire
+from grpocli.wire.client import BadAnswer, Client, Refused, Unavailable, read_answer
 
 if TYPE_CHECKING:
     from grpocli.recipe.vllm_section import VllmSection
 
-PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: the server needs fastapi)
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
-
-
-def send(url: str, method: str, body: dict | bytes | None, *, api_key: str | None,
-         timeout: float) -> tuple[bytes, dict[str, str]]:
-    """One HTTP call to a grpo server (JSON or raw bytes in; the body and headers out); urllib's
-    own exceptions propagate for the caller to name its server and keys."""
-    headers = {"Accept": "application/json"}
-    data = None
-    if isinstance(body, bytes):
-        data, headers["Content-Type"] = body, "application/octet-stream"
-    elif body is not None:
-        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read(), dict(response.headers)
-
-
-def refusal_detail(exc: urllib.error.HTTPError) -> str:
-    """The server's reason for a 4xx/5xx (FastAPI's "detail"), as text; "" when it gave none."""
-    try:
-        detail = json.loads(exc.read() or b"{}").get("detail", "")
-    except (ValueError, AttributeError):
-        detail = ""
-    return detail if isinstance(detail, str) else json.dumps(detail)
 
 
 class ServerUnavailable(UserError):
@@ -93,44 +64,52 @@ class ServerUnavailable(UserError):
 
 
 class ServerClient:
-    """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError."""
+    """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError. Requests are
+    built with ``model_construct``: the server checks each (grpocli/wire/generation.py)."""
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.api_key = api_key
+        self.http = Client(url, timeout=timeout, api_key=api_key)
+        self.url, self.timeout, self.api_key = self.http.url, timeout, api_key
         self.group: Any = None
         self.group_backend: str | None = None
 
     # -- HTTP ----------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
+             answer: Any = None) -> Any:
+        """The answer as JSON, or as the ``answer`` model (grpocli.wire.generation); failures as UserError."""
         timeout = self.timeout if timeout is None else timeout
         try:
-            return json.loads(send(self.url + path, method, body, api_key=self.api_key, timeout=timeout)[0] or b"null")
-        except urllib.error.HTTPError as exc:
-            raise self._refused(path, exc) from None
-        except TimeoutError:  # socket.timeout is TimeoutError
-            raise ServerUnavailable(
-                f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
-                where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
-                hint="raise vllm.server_timeout, and look at the server's terminal for errors",
-            ) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # refused, reset, cut short
-            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}".rstrip(": ")
-            raise ServerUnavailable(
-                f"no grpo vllm-serve answers at {self.url} ({reason})", where="vllm.server_url",
+            return self.http.call(method, path, body, answer=answer, timeout=timeout)
+        except Refused as exc:
+            raise self._refused(exc) from None
+        except Unavailable as exc:
+            if exc.timed_out:
+                raise ServerUnavailable(
+                    f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
+                    where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
+                    hint="raise vllm.server_timeout, and look at the server's terminal for errors",
+                ) from None
+            raise ServerUnavailable(  # refused, reset, cut short
+                f"no grpo vllm-serve answers at {self.url} ({exc.reason})", where="vllm.server_url",
                 valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
             ) from None
+        except BadAnswer as exc:
+            raise self._bad(method, path, exc) from None
 
-    def _refused(self, path: str, exc: urllib.error.HTTPError) -> UserError:
-        detail = refusal_detail(exc)
-        hint = {401: "export GRPO_VLLM_API_KEY=<the server's --api-key> before grpo train",
+    def _refused(self, exc: Refused) -> UserError:
+        hint = {401: f"export {wire.KEY_ENV}=<the server's --api-key> before grpo train",
                 409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
                      "you train>; if an update failed midway, the next complete one repairs it"}.get(
-            exc.code, "look at the server's terminal for the full error")
-        error = ServerUnavailable if exc.code >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
-        return error(f"grpo vllm-serve at {self.url} refused {path}: HTTP {exc.code}: {detail or exc.reason}",
+            exc.status, "look at the server's terminal for the full error")
+        error = ServerUnavailable if exc.status >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
+        return error(f"grpo vllm-serve at {self.url} refused {exc.path}: HTTP {exc.status}: {exc.detail}",
                      where="vllm.server_url", hint=hint)
+
+    def _bad(self, method: str, path: str, exc: BadAnswer) -> UserError:
+        return UserError(f"grpo vllm-serve at {self.url} answered {method} {path} outside its protocol: {exc.what}",
+                         where=f"{exc.field} of the answer",
+                         valid=f"an answer of grpo vllm-serve, protocol {wire.PROTOCOL_VERSION}",
+                         hint="pip install the same grpocli on both machines, then restart the server")
 
     def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
         """Poll /health until the server answers (it may still be starting), then read /info."""
@@ -138,34 +117,37 @@ class ServerClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.call("GET", "/health", timeout=min(5.0, timeout))
+                self.call("GET", wire.HEALTH_PATH, timeout=min(5.0, timeout))
                 break
             except UserError as err:
                 if time.monotonic() + 1.0 > deadline:
                     raise UserError(f"{err.what}; waited {timeout:g} s", where=err.where, valid=err.valid,
                                     hint=err.hint) from None
                 time.sleep(1.0)
-        info = self.call("GET", "/info")
-        if not isinstance(info, dict) or info.get("protocol") != PROTOCOL_VERSION:
+        info = self.call("GET", wire.INFO_PATH)
+        if not isinstance(info, dict) or info.get("protocol") != wire.PROTOCOL_VERSION:
             raise UserError(
-                f"the server at {self.url} is not a grpo vllm-serve of protocol {PROTOCOL_VERSION} "
+                f"the server at {self.url} is not a grpo vllm-serve of protocol {wire.PROTOCOL_VERSION} "
                 f"(it says {info.get('protocol') if isinstance(info, dict) else info!r})", where="vllm.server_url",
                 valid="`grpo vllm-serve` from the same grpo version as the trainer",
                 hint="pip install the same grpocli on both machines, then restart the server",
             )
-        return info
+        try:
+            return read_answer(wire.EngineInfo, info).model_dump()
+        except BadAnswer as exc:
+            raise self._bad("GET", wire.INFO_PATH, exc) from None
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
                  seed: int | list[int] | None = None) -> Generated:
         """n completions per prompt; ``seed``: one for every prompt, one per prompt, or none (the engine's)."""
-        body = {"prompt_ids": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                "min_p": sampling.min_p, "repetition_penalty": sampling.repetition_penalty,
-                "stop": list(sampling.stop), "seed": seed, "logprobs": True}
-        out = self.call("POST", "/generate", body)
-        return Generated(prompt_ids=out["prompt_ids"], completion_ids=out["completion_ids"],
-                         truncated=out["truncated"], logprobs=out["logprobs"])
+        body = wire.GenerateRequest.model_construct(  # unchecked: the server checks every body
+            prompt_ids=prompt_ids, n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop), seed=seed, logprobs=True)
+        out = self.call("POST", wire.GENERATE_PATH, body, answer=wire.GenerateAnswer)
+        return Generated(prompt_ids=out.prompt_ids, completion_ids=out.completion_ids, truncated=out.truncated,
+                         logprobs=out.logprobs)
 
     # -- weights -------------------------------------------------------------------------
     def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
@@ -185,24 +167,25 @@ class ServerClient:
         """Open an update (joining the server's gloo/NCCL group first where needed); its id."""
         if transport != "http" and self.group_backend != transport:
             self.open_group(transport)
-        return self.call("POST", "/weights/begin", {
-            "transport": transport, "aliases": weights.aliases, "timeout": self.timeout,
-            "spec": [s.to_json() for s in weights.specs()] if check else None})["update_id"]
+        spec = [wire.Tensor.model_construct(**s.to_json()) for s in weights.specs()] if check else None
+        request = wire.BeginUpdate.model_construct(transport=transport, aliases=weights.aliases, timeout=self.timeout,
+                                                   spec=spec)
+        return self.call("POST", wire.BEGIN_PATH, request, answer=wire.UpdateBegun).update_id
 
     def send_bucket(self, uid: str, payload: bytes | tuple[Any, list]) -> None:
         """One bucket: pack_bucket's bytes over HTTP, or flatten_bucket's (flat, specs) over the group."""
         if isinstance(payload, bytes):
-            self.call("POST", f"/weights/bucket?update_id={uid}", payload)
+            self.call("POST", f"{wire.BUCKET_PATH}?update_id={uid}", payload)
         else:
             self._broadcast(uid, *payload)
 
     def end_update(self, uid: str) -> dict[str, Any]:
-        return self.call("POST", "/weights/end", {"update_id": uid})
+        return self.call("POST", wire.END_PATH, wire.EndUpdate.model_construct(update_id=uid))
 
     def abort_update(self, uid: str) -> None:
         """Leave the server free for the next update (best effort: it may be gone)."""
         with contextlib.suppress(UserError):
-            self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
+            self.call("POST", wire.ABORT_PATH, wire.EndUpdate.model_construct(update_id=uid), timeout=min(self.timeout, 10.0))
 
     def open_group(self, backend: str) -> None:
         """Join the server's gloo/NCCL group as rank 0 (the sender of every bucket)."""
@@ -210,7 +193,8 @@ class ServerClient:
 
         from grpocli.generation.weights import open_group
 
-        port = self.call("POST", "/weights/group", {"backend": backend, "timeout": self.timeout})["port"]
+        port = self.call("POST", wire.GROUP_PATH, wire.OpenGroup.model_construct(backend=backend, timeout=self.timeout),
+                         answer=wire.GroupOpened).port
         server = urllib.parse.urlparse(self.url).hostname or "127.0.0.1"
         try:
             store = dist.TCPStore(server, port, 2, False, timedelta(seconds=self.timeout))
@@ -225,8 +209,8 @@ class ServerClient:
     def _broadcast(self, uid: str, flat: Any, specs: list) -> None:
         """Announce a flat bucket over HTTP while broadcasting it; whichever fails first is reported."""
         with ThreadPoolExecutor(1) as pool:
-            announced = pool.submit(self.call, "POST", "/weights/broadcast",
-                                    {"update_id": uid, "tensors": [s.to_json() for s in specs]})
+            announced = pool.submit(self.call, "POST", wire.BROADCAST_PATH, wire.BroadcastBucket.model_construct(
+                update_id=uid, tensors=[wire.Tensor.model_construct(**s.to_json()) for s in specs]))
             work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
             deadline = time.monotonic() + self.timeout
             while not work.is_completed():
@@ -248,6 +232,7 @@ class ServerClient:
             announced.result()
 
 
+
 class VllmServerBackend(PromptEncoder):
     """GenerationBackend on one or more `grpo vllm-serve` (vllm.server_url); the policy's weights are
     sent to every server when it opens."""
@@ -258,7 +243,7 @@ class VllmServerBackend(PromptEncoder):
         from grpocli.generation.fleet import ServerFleet
 
         v = vllm_section
-        key = os.environ.get("GRPO_VLLM_API_KEY")
+        key = os.environ.get(wire.KEY_ENV)
         self.fleet = ServerFleet([ServerClient(url, timeout=v.server_timeout, api_key=key) for url in v.server_urls],
                                  drop_failed=v.drop_failed_servers)
         self.client = self.fleet.clients[0]  # the first server (calls that need only one)

@@ -1,10 +1,7 @@
 """`grpo reward-serve`: rewards scored over HTTP (FastAPI + uvicorn), for [[rewards]] entries with ``url``.
 
-    GET  /health   {"status": "ok", "rewards": [served names]}
-    GET  /info     {"protocol": 1, "rewards": {name: description}, "timeout": s}
-    POST /score    {"protocol", "reward", "args", "prompts", "completions", "completion_ids", "columns",
-                   "trainer_state"} (grpocli.rewards.remote) -> {"scores": [float | null per completion],
-                   "log_extra": {column: [values]}, "log_metric": {name: [values]}, "seconds": s}
+The protocol (paths, ScoreRequest, ScoreAnswer) is grpocli/wire/rewards.py's; the trainer's side
+is grpocli.rewards.remote.
 
 Each request is one call of the reward on the batch it carries, with the keywords grpo gives a
 reward in-process (grpocli.rewards.scoring.reward_kwargs: the columns by name, ``completion_ids``,
@@ -37,11 +34,10 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from grpocli.errors import UserError
-from grpocli.rewards.remote import KEY_ENV, PROTOCOL_VERSION, SCORE_PATH, jsonable
-from grpocli.server.access import LOOPBACK, add_error_handlers, key_check
+from grpocli.serving.access import LOOPBACK, add_error_handlers, key_check
+from grpocli.wire.rewards import HEALTH_PATH, INFO_PATH, KEY_ENV, PROTOCOL_VERSION, SCORE_PATH, ScoreRequest, jsonable
 
 DEFAULT_PORT = 8100
 _import_lock = threading.Lock()
@@ -54,19 +50,6 @@ class Served:
     name: str
     fn: Any
     description: str = ""
-
-
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    protocol: int = Field(PROTOCOL_VERSION, description="The client's protocol version.")
-    reward: str = Field(..., description="Which served reward scores the batch.")
-    args: dict[str, Any] = Field(default_factory=dict, description="The [[rewards]] entry's args.")
-    prompts: list[Any]
-    completions: list[Any]
-    completion_ids: list[list[int]] | None = None
-    columns: dict[str, list[Any]] = Field(default_factory=dict, description="Dataset columns, one value per row.")
-    trainer_state: dict[str, Any] | None = None
 
 
 class Calls:
@@ -170,11 +153,11 @@ def build_app(served: dict[str, Served], calls: Calls, *, api_key: str | None = 
                   dependencies=[Depends(key_check(api_key, env=KEY_ENV))])
     add_error_handlers(app)
 
-    @app.get("/health")
+    @app.get(HEALTH_PATH)
     def health() -> dict[str, Any]:
         return {"status": "ok", "rewards": list(served)}
 
-    @app.get("/info")
+    @app.get(INFO_PATH)
     def info() -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, "rewards": {k: s.description for k, s in served.items()},
                 "timeout": calls.timeout}
@@ -272,4 +255,4 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # the one exception reward invocation lets through
 
 
-__all__ = ["Calls", "ScoreRequest", "Served", "build_app", "load_rewards", "run_server", "score_batch"]
+__all__ = ["Calls", "Served", "build_app", "load_rewards", "run_server", "score_batch"]

@@ -34,7 +34,7 @@ from recording_proxy import RecordingProxy
 from vllm_serve_process import TINY, tiny_checkpoint
 
 from grpocli.generation.base import Sampling
-from grpocli.server.host import ServerError
+from grpocli.serving.access import ServerError
 
 NORMAL = {"prompt_ids": [[5, 6, 7]], "n": 2, "max_tokens": 4, "seed": 1}
 
