@@ -22,7 +22,7 @@ The API key is read from an environment variable (``api_key_env``, default ``KEY
 from the recipe. The protocol (ScoreRequest, ScoreAnswer) is grpocli/wire/rewards.py's, spoken
 through grpocli.wire.client, whose timeout bounds the whole answer: a server that trickles bytes is
 a server that did not answer in time. No server-side import here (the server is
-grpocli.server.rewards, above this layer).
+grpocli.reward_server, above this layer).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It speaks grpo's own protocol (grpocli/wire/generation.py: paths, version, request and answer models)
 and TRL's (the paths of vLLM's server, whose bodies live here: no grpo client speaks them). What
 every grpo server shares (the API key, errors as JSON, the port check) is grpocli.serving's;
-`grpo ref-serve` is grpocli.reference. `grpo reward-serve` (rewards.py) is here too, for now.
+`grpo reward-serve` is grpocli.reward_server, `grpo ref-serve` grpocli.reference.
 
 host.py      the engine on its worker's thread: jobs, health, the weights' version and completeness
 update.py    one weight update in flight: checked buckets on a queue, each tensor at most once

@@ -1,7 +1,7 @@
 """Who may call a grpo server and what it hears back: the API key, errors as JSON, the port check.
 
 Shared by `grpo vllm-serve` (grpocli.server.app), `grpo ref-serve` (grpocli.reference.app) and
-`grpo reward-serve` (grpocli.server.rewards). Light imports only (fastapi, no torch), so a reward
+`grpo reward-serve` (grpocli.reward_server.app). Light imports only (fastapi, no torch), so a reward
 server starts in a second.
 """
 
