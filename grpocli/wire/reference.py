@@ -69,7 +69,7 @@ class ReferenceInfo(BaseModel):
     protocol: int
     dtype: str
     weights_version: int
-    damaged: bool
+    damaged: str | None = None  # why the weights are partly mixed (an update ended midway), if they are
 
 
 class LogprobAnswer(BaseModel):
