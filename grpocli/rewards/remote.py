@@ -265,14 +265,14 @@ class RemoteReward:
             raw = self.clients[url].send("POST", SCORE_PATH, body, content_type=JSON).content
         except Refused as exc:
             raise self._refused(url, exc) from None
-        except Unavailable as exc:
-            raise _Down(f"no answer within {self.timeout:g} s" if exc.timed_out else exc.reason) from None
+        except Unavailable as exc:  # refused, reset, cut short, or "no answer within {timeout} s"
+            raise _Down(exc.reason) from None
         try:
             return ScoreAnswer.read(raw, n)
         except BadAnswer as exc:
             raise UserError(f"reward server {url} answered {exc.what}", where=f"{exc.field} of the answer of {url}",
-                            valid=ANSWER_SHAPE, hint=f"is {url} a grpo reward-serve of this version? {START_HINT}") \
-                from None
+                            valid=ANSWER_SHAPE,
+                            hint=f"is {url} a grpo reward-serve of this version? {START_HINT}") from None
 
     def _refused(self, url: str, exc: Refused) -> Exception:
         """The exception for an HTTP error status: a UserError, the reward's error, or _Down."""
