@@ -30,7 +30,7 @@ def reward_serve(
                                   help="Seconds one reward call may take before it fails (0: no limit)."),
 ) -> None:
     try:
-        from grpocli.server.rewards import run_server
+        from grpocli.reward_server.app import run_server
     except ImportError as exc:
         from grpocli.errors import UserError
 

@@ -9,7 +9,8 @@
     engine_options.py  the arguments of ``vllm.LLM`` per device: pure functions
     engine_copy.py     the policy saved for a colocated engine to start from
     engine_sleep.py    the colocated engine's sleep mode (vllm.sleep_mode)
-    vllm_client.py     generation.backend = "vllm-server": a `grpo vllm-serve`, sent new weights
+    vllm_client.py     generation.backend = "vllm-server": `grpo vllm-serve` servers, sent new weights
+    server_client.py   the calls to one `grpo vllm-serve` (wire's protocol and client), failures worded
     fleet.py           several `grpo vllm-serve` processes as one
     weights.py         weights on their way to an engine: names, spec, buckets, wire formats
     lora.py            LoRA adapters added to their base weights out of place, for a weight sync

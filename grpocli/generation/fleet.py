@@ -30,7 +30,7 @@ from typing import Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.devices import current_cuda_device, use_device
-from grpocli.generation.vllm_client import ServerClient, ServerUnavailable
+from grpocli.generation.server_client import ServerClient, ServerUnavailable
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
     PolicyWeights,

@@ -2,7 +2,8 @@
 
 The client works as TRL's ``VLLMClient`` does (wait for /health, generate from token ids, push
 the policy's weights; the server resets its prefix cache after each update) with grpo's server
-protocol (grpocli/server/protocol.py). The weights are sent when the backend opens and at each
+protocol (grpocli/wire/generation.py), one ``ServerClient`` per server
+(grpocli.generation.server_client). The weights are sent when the backend opens and at each
 ``sync_weights`` (the trainer calls it after each generation cycle's optimizer steps), in buckets
 (one HTTP call or one broadcast per bucket, not per tensor); the first update sends the full spec
 for the server to check, and every call has a timeout (``vllm.server_timeout``) that ends in a
@@ -23,229 +24,25 @@ restores, so step N of a resumed run draws what step N of the uninterrupted run 
 Several servers (``vllm.server_url`` a list) form a fleet: grpocli/generation/fleet.py spreads
 the prompts over them by whole groups and sends the weights to all of them.
 
-Only standard-library HTTP (urllib) is used: the trainer needs neither vLLM nor an HTTP package.
+The trainer's side needs no vLLM and no server package: its HTTP is grpocli.wire.client's (httpx).
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import os
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.devices import cuda_device, gpu_identity, same_gpu
-from grpocli.generation.weights import (
-    DEFAULT_BUCKET_BYTES,
-    PolicyWeights,
-    buckets,
-    dtype_from_name,
-    flatten_bucket,
-    pack_bucket,
-    policy_weights,
-)
+from grpocli.generation.fleet import ServerFleet
+from grpocli.generation.server_client import ServerClient
+from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, dtype_from_name, policy_weights
 from grpocli.parallel import Parallel
+from grpocli.wire.generation import KEY_ENV
 
 if TYPE_CHECKING:
     from grpocli.recipe.vllm_section import VllmSection
-
-PROTOCOL_VERSION = 1  # grpocli.server.protocol.PROTOCOL_VERSION (not imported: the server needs fastapi)
-START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
-
-
-def send(url: str, method: str, body: dict | bytes | None, *, api_key: str | None,
-         timeout: float) -> tuple[bytes, dict[str, str]]:
-    """One HTTP call to a grpo server (JSON or raw bytes in; the body and headers out); urllib's
-    own exceptions propagate for the caller to name its server and keys."""
-    headers = {"Accept": "application/json"}
-    data = None
-    if isinstance(body, bytes):
-        data, headers["Content-Type"] = body, "application/octet-stream"
-    elif body is not None:
-        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read(), dict(response.headers)
-
-
-def refusal_detail(exc: urllib.error.HTTPError) -> str:
-    """The server's reason for a 4xx/5xx (FastAPI's "detail"), as text; "" when it gave none."""
-    try:
-        detail = json.loads(exc.read() or b"{}").get("detail", "")
-    except (ValueError, AttributeError):
-        detail = ""
-    return detail if isinstance(detail, str) else json.dumps(detail)
-
-
-class ServerUnavailable(UserError):
-    """The server did not answer: refused or dropped the connection, timed out, or failed (HTTP 5xx).
-    A fleet may drop such a server (vllm.drop_failed_servers); a 4xx refusal is never dropped."""
-
-
-class ServerClient:
-    """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError."""
-
-    def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.api_key = api_key
-        self.group: Any = None
-        self.group_backend: str | None = None
-
-    # -- HTTP ----------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None) -> Any:
-        timeout = self.timeout if timeout is None else timeout
-        try:
-            return json.loads(send(self.url + path, method, body, api_key=self.api_key, timeout=timeout)[0] or b"null")
-        except urllib.error.HTTPError as exc:
-            raise self._refused(path, exc) from None
-        except TimeoutError:  # socket.timeout is TimeoutError
-            raise ServerUnavailable(
-                f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
-                where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
-                hint="raise vllm.server_timeout, and look at the server's terminal for errors",
-            ) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # refused, reset, cut short
-            reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}".rstrip(": ")
-            raise ServerUnavailable(
-                f"no grpo vllm-serve answers at {self.url} ({reason})", where="vllm.server_url",
-                valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
-            ) from None
-
-    def _refused(self, path: str, exc: urllib.error.HTTPError) -> UserError:
-        detail = refusal_detail(exc)
-        hint = {401: "export GRPO_VLLM_API_KEY=<the server's --api-key> before grpo train",
-                409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
-                     "you train>; if an update failed midway, the next complete one repairs it"}.get(
-            exc.code, "look at the server's terminal for the full error")
-        error = ServerUnavailable if exc.code >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
-        return error(f"grpo vllm-serve at {self.url} refused {path}: HTTP {exc.code}: {detail or exc.reason}",
-                     where="vllm.server_url", hint=hint)
-
-    def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
-        """Poll /health until the server answers (it may still be starting), then read /info."""
-        timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.call("GET", "/health", timeout=min(5.0, timeout))
-                break
-            except UserError as err:
-                if time.monotonic() + 1.0 > deadline:
-                    raise UserError(f"{err.what}; waited {timeout:g} s", where=err.where, valid=err.valid,
-                                    hint=err.hint) from None
-                time.sleep(1.0)
-        info = self.call("GET", "/info")
-        if not isinstance(info, dict) or info.get("protocol") != PROTOCOL_VERSION:
-            raise UserError(
-                f"the server at {self.url} is not a grpo vllm-serve of protocol {PROTOCOL_VERSION} "
-                f"(it says {info.get('protocol') if isinstance(info, dict) else info!r})", where="vllm.server_url",
-                valid="`grpo vllm-serve` from the same grpo version as the trainer",
-                hint="pip install the same grpocli on both machines, then restart the server",
-            )
-        return info
-
-    # -- generation ---------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
-                 seed: int | list[int] | None = None) -> Generated:
-        """n completions per prompt; ``seed``: one for every prompt, one per prompt, or none (the engine's)."""
-        body = {"prompt_ids": prompt_ids, "n": n, "max_tokens": sampling.max_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                "min_p": sampling.min_p, "repetition_penalty": sampling.repetition_penalty,
-                "stop": list(sampling.stop), "seed": seed, "logprobs": True}
-        out = self.call("POST", "/generate", body)
-        return Generated(prompt_ids=out["prompt_ids"], completion_ids=out["completion_ids"],
-                         truncated=out["truncated"], logprobs=out["logprobs"])
-
-    # -- weights -------------------------------------------------------------------------
-    def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
-                       max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
-        """Send every tensor in buckets; with check, the server first compares the full spec."""
-        uid = self.begin_update(weights, check=check, transport=transport)
-        try:
-            device = "cuda" if transport == "nccl" else "cpu"
-            for bucket in buckets(weights.unique(), max_bytes):
-                self.send_bucket(uid, pack_bucket(bucket) if transport == "http" else flatten_bucket(bucket, device))
-            return self.end_update(uid)
-        except BaseException:
-            self.abort_update(uid)
-            raise
-
-    def begin_update(self, weights: PolicyWeights, *, check: bool, transport: str) -> str:
-        """Open an update (joining the server's gloo/NCCL group first where needed); its id."""
-        if transport != "http" and self.group_backend != transport:
-            self.open_group(transport)
-        return self.call("POST", "/weights/begin", {
-            "transport": transport, "aliases": weights.aliases, "timeout": self.timeout,
-            "spec": [s.to_json() for s in weights.specs()] if check else None})["update_id"]
-
-    def send_bucket(self, uid: str, payload: bytes | tuple[Any, list]) -> None:
-        """One bucket: pack_bucket's bytes over HTTP, or flatten_bucket's (flat, specs) over the group."""
-        if isinstance(payload, bytes):
-            self.call("POST", f"/weights/bucket?update_id={uid}", payload)
-        else:
-            self._broadcast(uid, *payload)
-
-    def end_update(self, uid: str) -> dict[str, Any]:
-        return self.call("POST", "/weights/end", {"update_id": uid})
-
-    def abort_update(self, uid: str) -> None:
-        """Leave the server free for the next update (best effort: it may be gone)."""
-        with contextlib.suppress(UserError):
-            self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
-
-    def open_group(self, backend: str) -> None:
-        """Join the server's gloo/NCCL group as rank 0 (the sender of every bucket)."""
-        import torch.distributed as dist
-
-        from grpocli.generation.weights import open_group
-
-        port = self.call("POST", "/weights/group", {"backend": backend, "timeout": self.timeout})["port"]
-        server = urllib.parse.urlparse(self.url).hostname or "127.0.0.1"
-        try:
-            store = dist.TCPStore(server, port, 2, False, timedelta(seconds=self.timeout))
-            local = "127.0.0.1" if server in ("127.0.0.1", "localhost") else None
-            self.group = open_group(backend, store, 0, 2, self.timeout, hostname=local)
-        except Exception as exc:
-            raise UserError(f"cannot join the server's {backend} group at {server}:{port}: {exc}",
-                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid="http, or a port the server can be reached on",
-                            hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http") from None
-        self.group_backend = backend
-
-    def _broadcast(self, uid: str, flat: Any, specs: list) -> None:
-        """Announce a flat bucket over HTTP while broadcasting it; whichever fails first is reported."""
-        with ThreadPoolExecutor(1) as pool:
-            announced = pool.submit(self.call, "POST", "/weights/broadcast",
-                                    {"update_id": uid, "tensors": [s.to_json() for s in specs]})
-            work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
-            deadline = time.monotonic() + self.timeout
-            while not work.is_completed():
-                if announced.done() and announced.exception() is not None:
-                    self.group, self.group_backend = None, None  # out of step: rebuilt next time
-                    raise announced.exception()
-                if time.monotonic() > deadline:
-                    self.group, self.group_backend = None, None
-                    raise ServerUnavailable(
-                        f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
-                        where="vllm.server_timeout", hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http")
-                time.sleep(0.002)
-            try:
-                work.wait()
-            except RuntimeError as exc:  # the peer went away: gloo/NCCL's DistBackendError
-                self.group, self.group_backend = None, None
-                raise ServerUnavailable(f"the weight broadcast to {self.url} failed: {exc}",
-                                        where="vllm.server_url", hint="look at the server's terminal") from None
-            announced.result()
 
 
 class VllmServerBackend(PromptEncoder):
@@ -255,10 +52,8 @@ class VllmServerBackend(PromptEncoder):
     def __init__(self, model: Any, tokenizer: Any, *, vllm_section: VllmSection, max_prompt_length: int,
                  transport: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  parallel: Parallel | None = None) -> None:
-        from grpocli.generation.fleet import ServerFleet
-
         v = vllm_section
-        key = os.environ.get("GRPO_VLLM_API_KEY")
+        key = os.environ.get(KEY_ENV)
         self.fleet = ServerFleet([ServerClient(url, timeout=v.server_timeout, api_key=key) for url in v.server_urls],
                                  drop_failed=v.drop_failed_servers)
         self.client = self.fleet.clients[0]  # the first server (calls that need only one)
@@ -349,4 +144,4 @@ def _param_device(model: Any) -> Any:
         return None
 
 
-__all__ = ["ServerClient", "ServerUnavailable", "VllmServerBackend", "choose_transport", "request_seeds"]
+__all__ = ["VllmServerBackend", "choose_transport", "request_seeds"]

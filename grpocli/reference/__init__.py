@@ -11,7 +11,7 @@ host.py     the server's model on one thread: log-prob batches under a token bud
             (mixes) that stream in bucket by bucket, timeouts, health
 app.py      the HTTP routes (FastAPI + uvicorn), the API key; run_server(), which the CLI calls
 client.py   the trainer's side: a slice's reference log-probs, a refresh, saving / restoring the weights
-            for checkpoints; standard-library HTTP only
+            for checkpoints; through grpocli.wire.client (the protocol: grpocli/wire/reference.py)
 
 Nothing here imports vLLM: the server needs transformers and torch (and fastapi + uvicorn).
 """

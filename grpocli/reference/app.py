@@ -1,21 +1,8 @@
 """The HTTP routes of `grpo ref-serve` (FastAPI + uvicorn) and run_server, which the CLI calls.
 
 It binds 127.0.0.1 unless told otherwise. Given an API key (``--api-key`` or GRPO_REF_API_KEY),
-every route requires it, as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY`` (401 without).
-
-    GET  /health           {"status": "ok"}, or 503 {"status": "unhealthy", "detail": why}
-    GET  /info             protocol, model, dtype, vocab_size, weights_version, damaged, max_batch_tokens, ...
-    POST /logprobs         {"groups": [{"prompt_ids": [...], "completion_ids": [[...], ...]}], "temperature": t}
-                           -> {"logprobs": [per group [per completion [log p of each token]]], "weights_version"}
-    POST /weights/begin    {"alpha": a, "timeout": s} -> {"update_id"}: ref = a * sent + (1 - a) * ref
-    POST /weights/bucket   ?update_id=...; body: a bucket of the policy's tensors (safetensors), mixed in
-    POST /weights/end      {"update_id"} -> weights_version, tensors, seconds
-    POST /weights/abort    {"update_id"}
-    GET  /weights/bucket   ?index=k -> bucket k of the current weights (safetensors); header X-Bucket-Count
-    POST /close            the server stops
-
-Errors are JSON ``{"detail": reason}``: 400/422 a bad request (naming the field), 401 no key, 409 an
-update out of order or damaged weights, 504 a request past its timeout, 503 a stuck or dead worker.
+every route requires it, as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY`` (401 without). The
+paths, the request bodies and the answers are declared in grpocli/wire/reference.py.
 """
 
 from __future__ import annotations
@@ -25,68 +12,42 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from grpocli.reference.host import DEFAULT_MAX_BATCH_TOKENS, ReferenceHost
-from grpocli.server.app import add_error_handlers, check_port, key_check
-from grpocli.server.worker import ServerError
+from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, key_check
+from grpocli.wire import reference as wire
+from grpocli.wire.reference import PROTOCOL_VERSION, BeginMix, LogprobRequest, UpdateId
 
-PROTOCOL_VERSION = 1
 REQUEST_TIMEOUT = 600.0
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-TokenIds = list[int]
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SequenceGroup(Body):
-    prompt_ids: TokenIds = Field(..., min_length=1, description="The prompt's token ids.")
-    completion_ids: list[TokenIds] = Field(..., description="The completions of the prompt's group.")
-
-
-class LogprobRequest(Body):
-    groups: list[SequenceGroup]
-    temperature: float = Field(1.0, gt=0.0, le=100.0, description="The sampling temperature (logits / t).")
-
-
-class BeginMix(Body):
-    alpha: float = Field(..., ge=0.0, le=1.0, description="ref = alpha * sent + (1 - alpha) * ref.")
-    timeout: float = Field(300.0, gt=0.0, le=86400.0, description="Longest wait between two calls of the update.")
-
-
-class UpdateId(Body):
-    update_id: str
 
 
 def build_app(host: ReferenceHost, *, model: str = "", api_key: str | None = None,
               request_timeout: float = REQUEST_TIMEOUT) -> Any:
     """The FastAPI app around ``host``; ``app.state.server`` may hold the uvicorn server (for /close)."""
     app = FastAPI(title="grpo ref-serve", version=str(PROTOCOL_VERSION),
-                  dependencies=[Depends(key_check(api_key, env="GRPO_REF_API_KEY"))])
+                  dependencies=[Depends(key_check(api_key, env=wire.KEY_ENV))])
     app.state.server = None
 
     add_error_handlers(app)
 
-    @app.get("/health")
+    @app.get(wire.HEALTH_PATH)
     def health() -> Any:
         problem = host.health()
         if problem is None:
             return {"status": "ok"}
         return JSONResponse(status_code=503, content={"status": "unhealthy", "detail": problem})
 
-    @app.get("/info")
+    @app.get(wire.INFO_PATH)
     def info() -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, "model": model, **host.info()}
 
-    @app.post("/logprobs")
+    @app.post(wire.LOGPROBS_PATH)
     def logprobs(req: LogprobRequest) -> dict[str, Any]:
         groups = [(g.prompt_ids, g.completion_ids) for g in req.groups]
         return {"logprobs": host.logprobs(groups, req.temperature, request_timeout),
                 "weights_version": host.version}
 
-    @app.post("/close")
+    @app.post(wire.CLOSE_PATH)
     def close() -> dict[str, Any]:
         if app.state.server is not None:
             app.state.server.should_exit = True
@@ -97,11 +58,11 @@ def build_app(host: ReferenceHost, *, model: str = "", api_key: str | None = Non
 
 
 def _add_weight_routes(app: Any, host: ReferenceHost, request_timeout: float) -> None:
-    @app.post("/weights/begin")
+    @app.post(wire.BEGIN_PATH)
     def begin(req: BeginMix) -> dict[str, Any]:
         return {"update_id": host.begin(req.alpha, req.timeout)}
 
-    @app.post("/weights/bucket")
+    @app.post(wire.BUCKET_PATH)
     async def bucket(update_id: str, request: Request) -> dict[str, Any]:
         from starlette.concurrency import run_in_threadpool
 
@@ -113,18 +74,18 @@ def _add_weight_routes(app: Any, host: ReferenceHost, request_timeout: float) ->
             raise ServerError(400, str(exc)) from None
         return {"received": await run_in_threadpool(host.mix, update_id, named, request_timeout)}
 
-    @app.post("/weights/end")
+    @app.post(wire.END_PATH)
     def end(req: UpdateId) -> dict[str, Any]:
         return host.end(req.update_id, request_timeout)
 
-    @app.post("/weights/abort")
+    @app.post(wire.ABORT_PATH)
     def abort(req: UpdateId) -> dict[str, Any]:
         return host.abort(req.update_id, request_timeout)
 
-    @app.get("/weights/bucket")
+    @app.get(wire.BUCKET_PATH)
     def download(index: int = 0) -> Response:
         data, count = host.download(index, request_timeout)
-        return Response(content=data, media_type="application/octet-stream", headers={"X-Bucket-Count": str(count)})
+        return Response(content=data, media_type="application/octet-stream", headers={wire.BUCKET_COUNT_HEADER: str(count)})
 
 
 def load_model(model: str, dtype: str) -> Any:

@@ -11,23 +11,20 @@ so grpocli.trainer.checkpoint treats it as it treats a local reference model.
 
 Every call has a timeout (``algorithm.reference_timeout``) that ends in a UserError naming the URL
 and what to do. The API key, if the server has one, is read from GRPO_REF_API_KEY (an environment
-variable, so it is never written to config.resolved.toml). Standard-library HTTP only.
+variable, so it is never written to config.resolved.toml). The protocol is grpocli/wire/reference.py's,
+spoken through grpocli.wire.client.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpocli.errors import UserError
-from grpocli.generation.vllm_client import refusal_detail, send
 from grpocli.generation.weights import (
     DEFAULT_BUCKET_BYTES,
     buckets,
@@ -36,12 +33,13 @@ from grpocli.generation.weights import (
     policy_weights,
 )
 from grpocli.parallel import Parallel
+from grpocli.wire import reference as wire
+from grpocli.wire.client import BadAnswer, Client, Refused, Unavailable, read_answer
 
 if TYPE_CHECKING:
     from grpocli.recipe.algorithm_section import AlgorithmSection
 
-PROTOCOL_VERSION = 1  # grpocli.reference.app.PROTOCOL_VERSION (not imported: the server needs fastapi)
-KEY_ENV = "GRPO_REF_API_KEY"
+KEY_ENV = wire.KEY_ENV
 START_HINT = ("start one: grpo ref-serve --model MODEL_DIR --port 8001 (MODEL_DIR: the policy's starting "
               "weights), and set algorithm.reference_url = 'http://127.0.0.1:8001'")
 
@@ -51,8 +49,8 @@ class ReferenceClient:
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, parallel: Parallel | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.timeout, self.api_key, self.bucket_bytes = timeout, api_key, bucket_bytes
+        self.http = Client(url, timeout=timeout, api_key=api_key)
+        self.url, self.timeout, self.api_key, self.bucket_bytes = self.http.url, timeout, api_key, bucket_bytes
         self.parallel = parallel or Parallel.alone()  # which training process sends, and waiting for it
         self.info: dict[str, Any] = {}
 
@@ -69,56 +67,70 @@ class ReferenceClient:
         return client
 
     # -- HTTP ----------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: dict | bytes | None = None, *, timeout: float | None = None,
-             raw: bool = False) -> Any:
+    def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
+             answer: Any = None, raw: bool = False) -> Any:
+        """The answer as JSON, as the ``answer`` model, or (``raw``) as (bytes, headers); failures as UserError."""
         timeout = self.timeout if timeout is None else timeout
         try:
-            payload, headers = send(self.url + path, method, body, api_key=self.api_key, timeout=timeout)
-            return (payload, headers) if raw else json.loads(payload or b"null")
-        except urllib.error.HTTPError as exc:
-            raise self._refused(method, path, exc) from None
-        except TimeoutError:
-            raise UserError(f"grpo ref-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
-                            where="algorithm.reference_timeout", valid="a longer timeout, or a server that is not stuck",
-                            hint="raise algorithm.reference_timeout, and look at the server's terminal") from None
-        except (urllib.error.URLError, ConnectionError, OSError) as exc:
-            raise UserError(f"no grpo ref-serve answers at {self.url} ({getattr(exc, 'reason', exc)})",
-                            where="algorithm.reference_url", valid="the URL of a running `grpo ref-serve`",
-                            hint=START_HINT) from None
+            if raw:
+                reply = self.http.send(method, path, body, timeout=timeout)
+                return reply.content, reply.headers
+            return self.http.call(method, path, body, answer=answer, timeout=timeout)
+        except Refused as exc:
+            raise self._refused(exc) from None
+        except Unavailable as exc:
+            if exc.timed_out:
+                raise UserError(f"grpo ref-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
+                                where="algorithm.reference_timeout",
+                                valid="a longer timeout, or a server that is not stuck",
+                                hint="raise algorithm.reference_timeout, and look at the server's terminal") from None
+            raise UserError(f"no grpo ref-serve answers at {self.url} ({exc.reason})", where="algorithm.reference_url",
+                            valid="the URL of a running `grpo ref-serve`", hint=START_HINT) from None
+        except BadAnswer as exc:
+            raise self._bad(method, path, exc) from None
 
-    def _refused(self, method: str, path: str, exc: urllib.error.HTTPError) -> UserError:
-        detail = refusal_detail(exc)
+    def _bad(self, method: str, path: str, exc: BadAnswer) -> UserError:
+        return UserError(f"grpo ref-serve at {self.url} answered {method} {path} outside its protocol: {exc.what}",
+                         where=f"{exc.field} of the answer", valid=f"an answer of grpo ref-serve, protocol "
+                         f"{wire.PROTOCOL_VERSION}", hint=f"is {self.url} a grpo ref-serve of this grpo version? "
+                         f"{START_HINT}")
+
+    def _refused(self, exc: Refused) -> UserError:
         hint = {401: f"export {KEY_ENV}=<the server's --api-key> before grpo train",
                 400: "the server's model must be the policy's: grpo ref-serve --model <the model you train>"}.get(
-            exc.code, "look at the server's terminal for the full error")
-        return UserError(f"grpo ref-serve at {self.url} refused {method} {path}: HTTP {exc.code}: "
-                         f"{detail or exc.reason}", where="algorithm.reference_url", hint=hint)
+            exc.status, "look at the server's terminal for the full error")
+        return UserError(f"grpo ref-serve at {self.url} refused {exc.method} {exc.path}: HTTP {exc.status}: "
+                         f"{exc.detail}", where="algorithm.reference_url", hint=hint)
 
     def wait_until_ready(self) -> dict[str, Any]:
         """Poll /health until the server answers (it may still be loading), then read /info."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                self.call("GET", "/health", timeout=min(5.0, self.timeout))
+                self.call("GET", wire.HEALTH_PATH, timeout=min(5.0, self.timeout))
                 break
             except UserError as err:
                 if "HTTP 401" in err.what or time.monotonic() + 1.0 > deadline:
                     raise
                 time.sleep(1.0)
-        self.info = self.call("GET", "/info")
-        if not isinstance(self.info, dict) or self.info.get("kind") != "reference" \
-                or self.info.get("protocol") != PROTOCOL_VERSION:
-            raise UserError(f"the server at {self.url} is not a grpo ref-serve of protocol {PROTOCOL_VERSION}",
+        info = self.call("GET", wire.INFO_PATH)
+        if not isinstance(info, dict) or info.get("kind") != wire.KIND or info.get("protocol") != wire.PROTOCOL_VERSION:
+            raise UserError(f"the server at {self.url} is not a grpo ref-serve of protocol {wire.PROTOCOL_VERSION}",
                             where="algorithm.reference_url", valid="the URL of a `grpo ref-serve` of this grpo version",
                             hint=START_HINT)
+        try:
+            self.info = read_answer(wire.ReferenceInfo, info).model_dump()
+        except BadAnswer as exc:
+            raise self._bad("GET", wire.INFO_PATH, exc) from None
         return self.info
 
     # -- log-probs -----------------------------------------------------------------------
     def logprobs(self, groups: list[tuple[list[int], list[list[int]]]], temperature: float) -> list[list[list[float]]]:
         """Per group (prompt ids, completions' ids), per completion: the reference log-prob of each token."""
-        body = {"groups": [{"prompt_ids": list(p), "completion_ids": [list(c) for c in cs]} for p, cs in groups],
-                "temperature": temperature}
-        return self.call("POST", "/logprobs", body)["logprobs"]
+        body = wire.LogprobRequest.model_construct(  # unchecked, as every request here: the server checks it
+            groups=[wire.SequenceGroup.model_construct(prompt_ids=list(p), completion_ids=[list(c) for c in cs])
+                    for p, cs in groups], temperature=temperature)
+        return self.call("POST", wire.LOGPROBS_PATH, body, answer=wire.LogprobAnswer).logprobs
 
     def micro_batch_logprobs(self, part: Any, micro_batches: tuple[Any, ...], temperature: float) -> tuple[torch.Tensor, ...]:
         """The reference log-probs `[n, T]` of each micro-batch of ``part`` (a trainer Rollouts), as
@@ -155,14 +167,15 @@ class ReferenceClient:
 
     def send(self, named: Any, alpha: float) -> dict[str, Any]:
         """Stream tensors (name, tensor) to the server in buckets, to be mixed in with ``alpha``."""
-        uid = self.call("POST", "/weights/begin", {"alpha": alpha, "timeout": self.timeout})["update_id"]
+        uid = self.call("POST", wire.BEGIN_PATH, wire.BeginMix.model_construct(alpha=alpha, timeout=self.timeout),
+                        answer=wire.MixBegun).update_id
         try:
             for bucket in buckets(named, self.bucket_bytes):
-                self.call("POST", f"/weights/bucket?update_id={uid}", pack_bucket(bucket))
-            return self.call("POST", "/weights/end", {"update_id": uid})
+                self.call("POST", f"{wire.BUCKET_PATH}?update_id={uid}", pack_bucket(bucket))
+            return self.call("POST", wire.END_PATH, wire.UpdateId.model_construct(update_id=uid))
         except BaseException:
             try:  # leave the server free for the next update (it reports the weights as damaged)
-                self.call("POST", "/weights/abort", {"update_id": uid}, timeout=min(self.timeout, 10.0))
+                self.call("POST", wire.ABORT_PATH, wire.UpdateId.model_construct(update_id=uid), timeout=min(self.timeout, 10.0))
             except UserError:
                 pass
             raise
@@ -176,8 +189,8 @@ class ReferenceClient:
         out: dict[str, torch.Tensor] = {}
         index, count = 0, 1
         while index < count:
-            data, headers = self.call("GET", f"/weights/bucket?index={index}", raw=True)
-            count = int({k.lower(): v for k, v in headers.items()}.get("x-bucket-count", "1"))
+            data, headers = self.call("GET", f"{wire.BUCKET_PATH}?index={index}", raw=True)
+            count = int(headers.get(wire.BUCKET_COUNT_HEADER.lower(), "1"))
             out.update(unpack_bucket(data))
             index += 1
         return out

@@ -36,7 +36,9 @@ from grpocli.generation.weights import (
     spec_problems,
 )
 from grpocli.reference.mixing import mix_tensor, reference_tensors
-from grpocli.server.worker import Job, ServerError, Worker
+from grpocli.server.worker import Job, Worker
+from grpocli.serving.access import ServerError
+from grpocli.wire.reference import KIND
 
 #: (prompt ids, [completion ids, ...]): one prompt and the completions of its group.
 Group = tuple[list[int], list[list[int]]]
@@ -120,7 +122,7 @@ class ReferenceHost:
         from grpocli.generation.weights import dtype_name
 
         param = next(iter(self.tensors.values()))
-        return {"kind": "reference", "dtype": dtype_name(param.dtype), "device": str(param.device),
+        return {"kind": KIND, "dtype": dtype_name(param.dtype), "device": str(param.device),
                 "vocab_size": self.vocab_size, "weights_version": self.version, "damaged": self.damaged,
                 "max_batch_tokens": self.max_batch_tokens, "layout": self.layout.kind, "batches": self.batches,
                 "waiting": self.worker.waiting() + len(self.held), "updating": self.update is not None,

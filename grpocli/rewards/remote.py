@@ -19,40 +19,43 @@ UserError at once, naming the server: a wrong API key (401), a reward the server
 the wrong number of scores, a score that is no number), and a reward that returns no valid scores.
 
 The API key is read from an environment variable (``api_key_env``, default ``KEY_ENV``), never
-from the recipe. Standard-library HTTP only; no server-side import here (the server is
-grpocli.server.scoring, above this layer).
+from the recipe. The protocol (ScoreRequest, ScoreAnswer) is grpocli/wire/rewards.py's, spoken
+through grpocli.wire.client, whose timeout bounds the whole answer: a server that trickles bytes is
+a server that did not answer in time. No server-side import here (the server is
+grpocli.reward_server, above this layer).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import http.client
 import json
-import numbers
 import os
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
+from grpocli.wire.client import JSON, BadAnswer, Client, Refused, Unavailable
+from grpocli.wire.rewards import (
+    ANSWER_SHAPE,
+    KEY_ENV,
+    PROTOCOL_VERSION,
+    SCORE_PATH,
+    ScoreAnswer,
+    ScoreRequest,
+    json_default,
+)
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import RewardSpec
 
-PROTOCOL_VERSION = 1
-SCORE_PATH = "/score"
-KEY_ENV = "GRPO_REWARD_API_KEY"
 DEFAULT_RETRIES = 2
 DEFAULT_BACKOFF_S = 1.0
 DOWN_S = 30.0  # a server that failed is passed over this long while another answers
 REMOTE_ONLY = ("api_key_env", "retries", "retry_backoff")
-PROTOCOL = ('a JSON object {"scores": [one number or null per completion], "log_extra": {column: [values]}, '
-            '"log_metric": {name: [numbers]}} (grpo reward-serve, protocol 1)')
 START_HINT = "start one: grpo reward-serve REWARD --port 8100, and check [[rewards]] url"
 
 
@@ -146,6 +149,7 @@ class RemoteReward:
         self.name, self.urls, self.index, self.args = name, urls, index, dict(args or {})
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.api_key, self.key_env = api_key, key_env
+        self.clients = {url: Client(url, timeout=timeout, api_key=api_key) for url in urls}
         self.__name__ = remote_label(name)[0]
         self._down: dict[str, float] = {}  # url -> monotonic time until which it is passed over
         self._lock = threading.Lock()
@@ -166,11 +170,11 @@ class RemoteReward:
         answers = self._score_parts(self._parts(n), common, prompts, completions, ids, kwargs)
         scores: list[float | None] = []
         for answer in answers:
-            scores.extend(answer["scores"])
-            for column, values in answer.get("log_extra", {}).items():
+            scores.extend(answer.scores)
+            for column, values in answer.log_extra.items():
                 if log_extra is not None:
                     log_extra(column, values)
-            for metric, values in answer.get("log_metric", {}).items():
+            for metric, values in answer.log_metric.items():
                 for value in values if log_metric is not None else ():
                     log_metric(metric, value)
         return scores
@@ -190,7 +194,7 @@ class RemoteReward:
             start = stop
         return parts
 
-    def _score_parts(self, parts, common, prompts, completions, ids, columns) -> list[dict[str, Any]]:
+    def _score_parts(self, parts, common, prompts, completions, ids, columns) -> list[ScoreAnswer]:
         bodies = [self._body(common, prompts, completions, ids, columns, start, stop) for start, stop, _ in parts]
         if len(parts) == 1:
             return [self._score_part(bodies[0], parts[0][1] - parts[0][0], parts[0][2])]
@@ -210,7 +214,7 @@ class RemoteReward:
                     raise exc
         return outcomes
 
-    def _score_part(self, body: bytes, n: int, first: str) -> dict[str, Any]:
+    def _score_part(self, body: bytes, n: int, first: str) -> ScoreAnswer:
         """One part's answer, from ``first`` or, if it fails, the next servers in turn."""
         order = [first] + [u for u in self.urls if u != first]
         tries: list[tuple[str, str]] = []
@@ -237,17 +241,18 @@ class RemoteReward:
 
     # -- one request ---------------------------------------------------------------------
     def _body(self, common, prompts, completions, ids, columns, start, stop) -> bytes:
-        part = {**common, "prompts": prompts[start:stop], "completions": completions[start:stop],
-                "completion_ids": None if ids is None else ids[start:stop],
-                "columns": {k: v[start:stop] for k, v in columns.items()}}
+        part = ScoreRequest.model_construct(  # unchecked: the server checks it
+            **common, prompts=prompts[start:stop], completions=completions[start:stop],
+            completion_ids=None if ids is None else ids[start:stop],
+            columns={k: v[start:stop] for k, v in columns.items()})
         try:
-            return json.dumps(part, default=_jsonable).encode()
+            return part.to_json()
         except (TypeError, ValueError):
             pass
         for key in ("prompts", "completions", "completion_ids", *(f"columns.{k}" for k in columns)):
-            value = part["columns"][key[8:]] if key.startswith("columns.") else part[key]
+            value = part.columns[key[8:]] if key.startswith("columns.") else getattr(part, key)
             try:
-                json.dumps(value, default=_jsonable)
+                json.dumps(value, default=json_default)
             except (TypeError, ValueError) as exc:
                 raise UserError(f"{key} cannot be sent to a reward server as JSON: {exc}",
                                 where=f"rewards[{self.index}].url",
@@ -255,80 +260,41 @@ class RemoteReward:
                                 hint="score this reward in-process (leave url out), or drop the column") from None
         raise UserError("the trainer_state cannot be sent as JSON", where=f"rewards[{self.index}].url")
 
-    def _post(self, url: str, body: bytes, n: int) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(url + SCORE_PATH, data=body, headers=headers, method="POST")
+    def _post(self, url: str, body: bytes, n: int) -> ScoreAnswer:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
+            raw = self.clients[url].send("POST", SCORE_PATH, body, content_type=JSON).content
+        except Refused as exc:
             raise self._refused(url, exc) from None
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
-                raise _Down(f"no answer within {self.timeout:g} s") from None
-            raise _Down(f"{type(reason).__name__}: {reason}") from None
-        return check_answer(raw, n, url, self.index)
-
-    def _refused(self, url: str, exc: urllib.error.HTTPError) -> Exception:
-        """The exception for an HTTP error status: a UserError, the reward's error, or _Down."""
+        except Unavailable as exc:  # refused, reset, cut short, or "no answer within {timeout} s"
+            raise _Down(exc.reason) from None
         try:
-            payload = json.loads(exc.read() or b"null")
-        except (ValueError, OSError):
-            payload = None
-        detail = payload.get("detail") if isinstance(payload, dict) else None
-        detail = detail if isinstance(detail, str) else json.dumps(detail) if detail is not None else exc.reason
-        where = f"rewards[{self.index}] (server {url})"
-        if exc.code in (401, 403):
-            return UserError(f"reward server {url} refused the API key (HTTP {exc.code}): {detail}",
+            return ScoreAnswer.read(raw, n)
+        except BadAnswer as exc:
+            raise UserError(f"reward server {url} answered {exc.what}", where=f"{exc.field} of the answer of {url}",
+                            valid=ANSWER_SHAPE,
+                            hint=f"is {url} a grpo reward-serve of this version? {START_HINT}") from None
+
+    def _refused(self, url: str, exc: Refused) -> Exception:
+        """The exception for an HTTP error status: a UserError, the reward's error, or _Down."""
+        detail, where = exc.detail, f"rewards[{self.index}] (server {url})"
+        if exc.status in (401, 403):
+            return UserError(f"reward server {url} refused the API key (HTTP {exc.status}): {detail}",
                              where=f"rewards[{self.index}].api_key_env", valid="the key the server was started with",
                              hint=f"export {self.key_env}=KEY, the key given to grpo reward-serve --api-key")
-        if exc.code == 404:
+        if exc.status == 404:
             return UserError(f"reward server {url} does not serve {self.name!r}: {detail}",
                              where=f"rewards[{self.index}].name", valid="a reward the server serves (GET /info)",
                              hint=f"start it with the reward: grpo reward-serve {self.name} ...")
-        if exc.code in (400, 413, 422):
-            return UserError(f"reward server {url} refused the request (HTTP {exc.code}): {detail}", where=where,
-                             valid="a request of protocol 1 (grpo train and grpo reward-serve of one version)")
-        failure = payload.get("failure") if isinstance(payload, dict) else None
-        if exc.code == 500 and failure == "raised":
-            return RemoteRewardError(url, str(detail))
-        if exc.code == 500 and failure == "invalid":
-            return UserError(f"on server {url}: {detail}", where=where,
-                             hint="fix the reward function's return value")
-        return _Down(f"HTTP {exc.code}: {detail}")
-
-
-def check_answer(raw: bytes, n: int, url: str, index: int) -> dict[str, Any]:
-    """The server's answer to a part of ``n`` completions; UserError naming the server and field."""
-    def bad(field: str, what: str) -> UserError:
-        return UserError(f"reward server {url} answered {what}", where=f"{field} of the answer of {url}",
-                         valid=PROTOCOL, hint=f"is {url} a grpo reward-serve of this version? {START_HINT}")
-
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        raise bad("the body", f"something that is not JSON: {_short(raw)}") from None
-    if not isinstance(answer, dict):
-        raise bad("the body", f"a JSON {type(answer).__name__}, not an object: {_short(raw)}")
-    scores = answer.get("scores")
-    if not isinstance(scores, list):
-        raise bad('"scores"', "no list of scores" if scores is None else f"scores = {_short(scores)}")
-    if len(scores) != n:
-        raise bad('"scores"', f"{len(scores)} scores for {n} completions")
-    for row, value in enumerate(scores):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-            raise bad(f'"scores"[{row}]', f"scores[{row}] = {_short(value)} ({type(value).__name__}), not a number")
-    for field in ("log_extra", "log_metric"):
-        logged = answer.get(field, {})
-        if not isinstance(logged, dict) or not all(isinstance(v, list) for v in logged.values()):
-            raise bad(f'"{field}"', f"{field} = {_short(logged)}, not an object of lists")
-    for name, values in answer.get("log_metric", {}).items():
-        if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
-            raise bad(f'"log_metric"."{name}"', f"log_metric[{name!r}] = {_short(values)}, not numbers")
-    return answer
+        if exc.status in (400, 413, 422):
+            return UserError(f"reward server {url} refused the request (HTTP {exc.status}): {detail}", where=where,
+                             valid=f"a request of protocol {PROTOCOL_VERSION} (grpo train and grpo reward-serve of "
+                                   "one version)")
+        failure = exc.answer.get("failure") if isinstance(exc.answer, dict) else None
+        if exc.status == 500 and failure == "raised":
+            return RemoteRewardError(url, detail)
+        if exc.status == 500 and failure == "invalid":
+            return UserError(f"on server {url}: {detail}", where=where, hint="fix the reward function's return value")
+        return _Down(f"HTTP {exc.status}: {detail}")
 
 
 def state_fields(state: Any) -> dict[str, Any] | None:
@@ -340,34 +306,12 @@ def state_fields(state: Any) -> dict[str, Any] | None:
     out = {}
     for key, value in fields.items():
         try:
-            json.dumps(value, default=_jsonable)
+            json.dumps(value, default=json_default)
         except (TypeError, ValueError):
             continue
         out[key] = value
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    """``json.dumps``'s default: arrays and tensors as lists, numpy scalars as numbers."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (tuple, set, frozenset)):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with arrays, tensors and numpy scalars as JSON types; NaN stays (Python's JSON carries it)."""
-    return json.loads(json.dumps(value, default=_jsonable))
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-__all__ = ["KEY_ENV", "PROTOCOL_VERSION", "SCORE_PATH", "RemoteReward", "RemoteRewardError", "ServerFailure",
-           "check_answer", "check_remote_only", "from_spec", "jsonable", "remote_label", "state_fields",
-           "urls_of"]
+__all__ = ["RemoteReward", "RemoteRewardError", "ServerFailure", "check_remote_only", "from_spec", "remote_label",
+           "state_fields", "urls_of"]

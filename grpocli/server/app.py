@@ -9,7 +9,7 @@ the engine is stuck (``run_server``). /health answers 503 with the reason when t
 or dead (grpocli.server.host), so a supervisor can restart it, and says "updating" or
 "weights_incomplete" (200) while the weights are not one complete version. A request whose client
 disconnects, or that runs past ``request_timeout``, is aborted inside the engine
-(grpocli.server.inflight). The paths and fields are listed in protocol.py;
+(grpocli.server.inflight). The paths and fields are declared in grpocli/wire/generation.py;
 TRL's VLLMClient paths are added by trl.py. As with TRL's own server (``--max-logprobs -1``), a
 request may ask for any number of log-probs.
 """
@@ -22,10 +22,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from grpocli.server.access import LOOPBACK, add_error_handlers, check_port, key_check
 from grpocli.server.chat import check_text_length
-from grpocli.server.host import EngineHost, ServerError
-from grpocli.server.protocol import (
+from grpocli.server.host import EngineHost
+from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, key_check
+from grpocli.wire import generation as wire
+from grpocli.wire.generation import (
     PROTOCOL_VERSION,
     BeginUpdate,
     BroadcastBucket,
@@ -44,7 +45,7 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
     ``trust_request_chat_template``: run chat templates that requests bring (grpocli.server.chat)."""
     app = FastAPI(title="grpo vllm-serve", version=str(PROTOCOL_VERSION))
     app.state.host, app.state.server = host, None
-    key = Depends(key_check(api_key, env="GRPO_VLLM_API_KEY"))
+    key = Depends(key_check(api_key, env=wire.KEY_ENV))
     add_error_handlers(app)
     _add_engine_routes(app, host, key, request_timeout)
     _add_weight_routes(app, host, key)
@@ -56,15 +57,15 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
 
 
 def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: float) -> None:
-    @app.get("/health")
+    @app.get(wire.HEALTH_PATH)
     def health() -> Any:
         return health_answer(host)
 
-    @app.get("/info")
+    @app.get(wire.INFO_PATH)
     def info() -> dict[str, Any]:
         return {"protocol": PROTOCOL_VERSION, **host.info()}
 
-    @app.post("/generate")
+    @app.post(wire.GENERATE_PATH)
     async def generate(req: GenerateRequest, request: Request) -> dict[str, Any]:
         if req.prompts is not None:
             check_text_length(req.prompts, host.prompt_chars(), where="prompts")
@@ -74,12 +75,12 @@ def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: fl
         return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs,
                 "truncated": out.truncated, "weights_version": version}
 
-    @app.post("/reset_prefix_cache", dependencies=[key])
+    @app.post(wire.RESET_PATH, dependencies=[key])
     def reset_prefix_cache() -> dict[str, Any]:
         host.reset_prefix_cache(timeout=request_timeout)
         return {"reset": True}
 
-    @app.post("/close", dependencies=[key])
+    @app.post(wire.CLOSE_PATH, dependencies=[key])
     def close() -> dict[str, Any]:
         if app.state.server is not None:
             app.state.server.should_exit = True
@@ -87,7 +88,7 @@ def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: fl
 
 
 def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
-    @app.post("/weights/begin", dependencies=[key])
+    @app.post(wire.BEGIN_PATH, dependencies=[key])
     def begin(req: BeginUpdate) -> dict[str, Any]:
         from grpocli.generation.weights import TensorSpec
 
@@ -95,7 +96,7 @@ def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
         u = host.begin(spec, req.aliases, req.timeout, req.transport)
         return {"update_id": u.id, "checked": spec is not None}
 
-    @app.post("/weights/bucket", dependencies=[key])
+    @app.post(wire.BUCKET_PATH, dependencies=[key])
     async def bucket(update_id: str, request: Request) -> dict[str, Any]:
         from starlette.concurrency import run_in_threadpool
 
@@ -110,7 +111,7 @@ def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
         await run_in_threadpool(u.put, named)
         return {"received": len(named)}
 
-    @app.post("/weights/broadcast", dependencies=[key])
+    @app.post(wire.BROADCAST_PATH, dependencies=[key])
     def broadcast(req: BroadcastBucket) -> dict[str, Any]:
         from grpocli.generation.weights import TensorSpec
 
@@ -120,15 +121,15 @@ def _add_weight_routes(app: Any, host: EngineHost, key: Any) -> None:
         except ValueError as exc:  # an unknown dtype in the spec
             raise ServerError(400, str(exc)) from None
 
-    @app.post("/weights/end", dependencies=[key])
+    @app.post(wire.END_PATH, dependencies=[key])
     def end(req: EndUpdate) -> dict[str, Any]:
         return host.end(req.update_id)
 
-    @app.post("/weights/abort", dependencies=[key])
+    @app.post(wire.ABORT_PATH, dependencies=[key])
     def abort(req: EndUpdate) -> dict[str, Any]:
         return host.end(req.update_id, abort=True)
 
-    @app.post("/weights/group", dependencies=[key])
+    @app.post(wire.GROUP_PATH, dependencies=[key])
     def group(req: OpenGroup) -> dict[str, Any]:
         return {"port": host.open_group(req.backend, req.timeout), "backend": req.backend, "rank": 0,
                 "world_size": 2}
@@ -206,4 +207,4 @@ def run_server(model: str, host: str = "127.0.0.1", port: int = 8000, api_key: s
             exit_now(f"the engine is still inside a call ({engine_host.health() or 'busy'})")
 
 
-__all__ = ["add_error_handlers", "build_app", "check_port", "health_answer", "key_check", "run_server"]
+__all__ = ["build_app", "health_answer", "run_server"]

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from grpocli.server.worker import ServerError
+from grpocli.serving.access import ServerError
 
 #: Longest one conversation may take to render (s); a template still running then is stopped (400).
 RENDER_TIMEOUT = 5.0

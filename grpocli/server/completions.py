@@ -24,8 +24,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from grpocli.server.host import ServerError, is_bad_input
-from grpocli.server.protocol import TOP_K_MAX, Checked, Seed
+from grpocli.server.host import is_bad_input
+from grpocli.serving.access import ServerError
+from grpocli.wire.generation import TOP_K_MAX, Checked, Seed
 
 #: OpenAI fields that change nothing here; accepted and ignored.
 IGNORED = frozenset({"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls",

@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from grpocli.generation.weights import open_group
-from grpocli.server.worker import ServerError
+from grpocli.serving.access import ServerError
 
 
 class BroadcastGroup:

@@ -38,7 +38,8 @@ from grpocli.generation.weights import TensorSpec, broadcast, bucket_bytes, dtyp
 from grpocli.server.group import BroadcastGroup
 from grpocli.server.inflight import Cancel, Cancelled, call_off, guard_steps, wait_for
 from grpocli.server.update import ABORT, END, WeightUpdate, reason
-from grpocli.server.worker import Job, ServerError, Worker
+from grpocli.server.worker import Job, Worker
+from grpocli.serving.access import ServerError
 
 
 class EngineHost:
@@ -338,4 +339,4 @@ def is_bad_input(exc: Exception) -> bool:
     return isinstance(exc, VLLMClientError)
 
 
-__all__ = ["EngineHost", "ServerError", "WeightUpdate", "as_answer", "is_bad_input"]
+__all__ = ["EngineHost", "WeightUpdate", "as_answer", "is_bad_input"]

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from grpocli.server.worker import Job, ServerError
+from grpocli.server.worker import Job
+from grpocli.serving.access import ServerError
 
 #: How often a waiting request looks whether its client is still there (s).
 POLL = 0.2

@@ -15,7 +15,7 @@ from typing import Any
 
 from grpocli.generation.devices import use_device
 from grpocli.generation.weights import broadcast, open_group
-from grpocli.server.host import ServerError
+from grpocli.serving.access import ServerError
 
 #: Longest wait for the trainer: to join the group, and for one broadcast (s).
 TIMEOUT = 300.0

@@ -41,10 +41,11 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_problems
-from grpocli.server.host import EngineHost, ServerError
+from grpocli.server.host import EngineHost
 from grpocli.server.peer import TIMEOUT, Peer, join
-from grpocli.server.protocol import Body
 from grpocli.server.update import repeat_reason
+from grpocli.serving.access import ServerError
+from grpocli.wire.generation import Body
 
 #: vLLM's default chunk size of a packed broadcast (vllm.distributed.weight_transfer.packed_tensor).
 PACKED_BUFFER_BYTES = 1024**3

@@ -42,7 +42,7 @@ from grpocli.server.completions import (
     vllm_params,
 )
 from grpocli.server.host import EngineHost
-from grpocli.server.protocol import TOP_K_MAX, Checked, Seed
+from grpocli.wire.generation import TOP_K_MAX, Checked, Seed
 
 
 class LegacyGenerate(Checked):

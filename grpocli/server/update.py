@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from grpocli.generation.weights import Named, TensorSpec, spec_problems
-from grpocli.server.worker import ServerError
+from grpocli.serving.access import ServerError
 
 END, ABORT = object(), object()  # what end() and abort put on the queue after the last bucket
 

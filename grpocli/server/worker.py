@@ -25,13 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ServerError(Exception):
-    """An answer with an HTTP status and a reason (4xx: the request; 5xx: the engine)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
+from grpocli.serving.access import ServerError
 
 
 @dataclass
@@ -166,4 +160,4 @@ class Worker:
         return jobs
 
 
-__all__ = ["Job", "ServerError", "Worker"]
+__all__ = ["Job", "Worker"]

@@ -134,7 +134,7 @@ def _check_reward_signatures(reward_fns: list[RewardFn], recipe: Recipe, plugins
 
     columns = (set(column_names) | {"prompt"}) - {recipe.data.prompt_column}  # as the loop passes them
     for i, (spec, rf) in enumerate(zip(recipe.rewards, reward_fns, strict=True)):
-        if spec.url is not None:  # served: its server calls it (grpocli.server.rewards)
+        if spec.url is not None:  # served: its server calls it (grpocli.reward_server)
             continue
         reward = (Resolved.of("reward", plugins.rewards.get(spec.name)) if spec.name in plugins.rewards
                   else Resolved("reward", spec.name, rf.fn))

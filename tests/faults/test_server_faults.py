@@ -34,7 +34,7 @@ from recording_proxy import RecordingProxy
 from vllm_serve_process import TINY, tiny_checkpoint
 
 from grpocli.generation.base import Sampling
-from grpocli.server.host import ServerError
+from grpocli.serving.access import ServerError
 
 NORMAL = {"prompt_ids": [[5, 6, 7]], "n": 2, "max_tokens": 4, "seed": 1}
 
@@ -165,7 +165,7 @@ def _listening() -> list:
 
 @pytest.mark.slow
 def test_weight_group_binds_the_server_host_and_leaks_no_socket(served):
-    from grpocli.generation.vllm_client import ServerClient
+    from grpocli.generation.server_client import ServerClient
     from grpocli.generation.weights import policy_weights
     from grpocli.models import build_char_tokenizer, build_tiny_model
     from grpocli.recipe.schema import TinyModel
@@ -208,7 +208,8 @@ def test_a_request_timeout_below_one_second_exits_2(tiny_dir):
 
 @pytest.mark.slow
 def test_one_seed_gives_one_output_and_the_client_seeds_from_the_run(served):
-    from grpocli.generation.vllm_client import ServerClient, request_seeds
+    from grpocli.generation.server_client import ServerClient
+    from grpocli.generation.vllm_client import request_seeds
 
     body = {"prompt_ids": [[5, 6, 7], [8, 9]], "n": 3, "max_tokens": 6, "temperature": 1.0, "seed": [11, 12]}
     first, again = served.call("POST", "/generate", body)[1], served.call("POST", "/generate", body)[1]

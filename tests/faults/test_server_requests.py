@@ -220,7 +220,7 @@ def test_a_retried_weight_bucket_is_a_409_naming_its_tensors_and_the_update_comp
 def test_health_is_not_ok_while_the_weights_are_not_one_complete_version(plain):
     import torch
 
-    from grpocli.generation.vllm_client import ServerClient
+    from grpocli.generation.server_client import ServerClient
     from grpocli.generation.weights import buckets, policy_weights
 
     version = call(plain, "GET", "/info")[1]["weights_version"]

@@ -12,11 +12,13 @@ import json
 import socket
 import textwrap
 import threading
+import time
 
 import pytest
 from cli_runner import run_grpo
 from reward_server_process import RewardServer
 from tiny_runs import FAST
+from trickling_server import TricklingServer
 
 from grpocli.errors import UserError
 from grpocli.recipe.schema import RewardSpec
@@ -164,6 +166,20 @@ def test_no_server_answering_follows_on_error_after_its_retries(keyed, capsys):
     assert f"warning: reward server {url} failed for 'length'" in capsys.readouterr().err
     with pytest.raises(UserError, match=f"could not be scored by its reward server.s. after 3 tries .{url}: "):
         scored([remote("length", url)])
+
+
+def test_the_timeout_bounds_the_whole_answer_of_a_server_that_trickles(keyed, capsys):
+    """A byte every 0.1 s: each read is quick, the answer never ends; the timeout ends the call."""
+    slow = TricklingServer("body", every=0.1)
+    try:
+        t0 = time.monotonic()
+        quiet = scored([remote("length", slow.url, on_error="none", retries=1, timeout=1)])
+        took = time.monotonic() - t0
+    finally:
+        slow.close()
+    assert quiet.per_reward["length"] == [None] * 4 and quiet.errors == {"length": 4}
+    assert slow.requests == 2 and took < 4.5, (slow.requests, took)  # two tries of at most 1 s each
+    assert f"warning: reward server {slow.url} failed for 'length' (no answer within 1 s)" in capsys.readouterr().err
 
 
 class Garbage(http.server.BaseHTTPRequestHandler):

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from grpocli.server.host import EngineHost, ServerError
+from grpocli.server.host import EngineHost
+from grpocli.serving.access import ServerError
 
 
 class LlmEngine:

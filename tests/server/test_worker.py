@@ -14,7 +14,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from grpocli.server.worker import Job, ServerError, Worker
+from grpocli.server.worker import Job, Worker
+from grpocli.serving.access import ServerError
 
 NAMES = {"subject": "the model", "worker": "the test worker", "restart": "grpo test-serve"}
 

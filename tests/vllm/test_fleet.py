@@ -103,7 +103,7 @@ def _recipe(urls, tiny_shape, output_dir, *extra):
 
 
 def _client(url):
-    from grpocli.generation.vllm_client import ServerClient
+    from grpocli.generation.server_client import ServerClient
 
     return ServerClient(url, timeout=120, api_key=KEY)
 

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from grpocli.errors import UserError  # noqa: E402
 from grpocli.generation.base import Sampling  # noqa: E402
-from grpocli.generation.vllm_client import ServerClient  # noqa: E402
+from grpocli.generation.server_client import ServerClient  # noqa: E402
 from grpocli.generation.weights import policy_weights  # noqa: E402
 
 PROMPT_IDS = [[26, 27, 20, 32, 38], [1, 94, 92, 78, 91, 8], [60, 57, 64, 64, 67]]

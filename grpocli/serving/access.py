@@ -1,7 +1,8 @@
 """Who may call a grpo server and what it hears back: the API key, errors as JSON, the port check.
 
-Shared by `grpo vllm-serve` (app.py), `grpo ref-serve` (grpocli.reference.app) and `grpo reward-serve`
-(scoring.py). Light imports only (fastapi, no torch), so a reward server starts in a second.
+Shared by `grpo vllm-serve` (grpocli.server.app), `grpo ref-serve` (grpocli.reference.app) and
+`grpo reward-serve` (grpocli.reward_server.app). Light imports only (fastapi, no torch), so a reward
+server starts in a second.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from grpocli.server.worker import ServerError
-
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ServerError(Exception):
+    """An answer with an HTTP status and a reason (4xx: the request; 5xx: the engine)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
 
 
 def add_error_handlers(app: Any) -> None:
@@ -69,4 +76,4 @@ def check_port(host: str, port: int, *, command: str) -> None:
                             hint=f"pick another port: {command} --model ... --port {port + 1}") from None
 
 
-__all__ = ["LOOPBACK", "add_error_handlers", "check_port", "key_check"]
+__all__ = ["LOOPBACK", "ServerError", "add_error_handlers", "check_port", "key_check"]

@@ -1,22 +1,24 @@
-"""grpo's own protocol of `grpo vllm-serve`: the paths, and the request bodies as pydantic models (a
-malformed body is a 422 naming the field). TRL's paths are in trl.py (their bodies: completions.py,
-transfer.py).
+"""The protocol of `grpo vllm-serve` (grpo's own; TRL's paths are grpocli/server/trl.py's): its version,
+paths and API-key variable, the request bodies as pydantic models (a malformed body is a 422 naming the
+field) and the answers the trainer reads (grpocli.generation.server_client checks each against its model).
 
 Protocol version 1. Paths (state-changing ones need the API key when the server has one):
 
     GET  /health                    {"status": "ok"}; 200 {"status": "updating" | "weights_incomplete", "detail",
                                     "weights_version"} while the weights are not one complete version (generation
                                     is refused with 409 then); 503 {"status": "unhealthy", "detail"}: stuck or dead
-    GET  /info                      protocol, model, max_model_len, world_size, dtype, weights_version,
-                                    transports
-    POST /generate                  GenerateRequest -> prompt_ids, completion_ids, logprobs, truncated,
-                                    weights_version
-    POST /weights/begin        key  BeginUpdate -> update_id, checked (the spec if given: names, shapes, dtypes)
+    GET  /info                      EngineInfo: protocol, model, max_model_len, world_size, dtype, weights_version,
+                                    transports, device
+    POST /generate                  GenerateRequest -> GenerateAnswer: prompt_ids, completion_ids, logprobs,
+                                    truncated, weights_version
+    POST /weights/begin        key  BeginUpdate -> UpdateBegun: update_id, checked (the spec if given: names,
+                                    shapes, dtypes)
     POST /weights/bucket       key  ?update_id=...; body: one bucket as a safetensors file
     POST /weights/broadcast    key  BroadcastBucket; the bucket itself arrives over the process group
     POST /weights/end          key  EndUpdate -> weights_version, tensors, seconds
     POST /weights/abort        key  EndUpdate
-    POST /weights/group        key  OpenGroup -> port (of the store to join as rank 0), backend, rank, world_size
+    POST /weights/group        key  OpenGroup -> GroupOpened: port (of the store to join as rank 0), backend,
+                                    rank, world_size
     POST /reset_prefix_cache   key  -> reset
     POST /close                key  -> closing; the server stops
 
@@ -24,7 +26,8 @@ Every body is checked before anything reaches the engine: each number anywhere i
 free-form fields such as /v1/completions' vLLM extras) must be finite and fit a 64-bit integer,
 each text must be valid Unicode (no lone surrogate), and seeds must lie in vLLM's range
 (``SEED_MIN`` .. ``SEED_MAX``, a torch long). A body that fails gets a 422 naming the field and the
-reason.
+reason. The check walks every token id (a quarter of a second for 100,000), so the trainer builds
+its GenerateRequest with ``model_construct``, unchecked: the server checks it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 PROTOCOL_VERSION = 1
+KEY_ENV = "GRPO_VLLM_API_KEY"
+HEALTH_PATH, INFO_PATH, GENERATE_PATH = "/health", "/info", "/generate"
+BEGIN_PATH, BUCKET_PATH, BROADCAST_PATH = "/weights/begin", "/weights/bucket", "/weights/broadcast"
+END_PATH, ABORT_PATH, GROUP_PATH = "/weights/end", "/weights/abort", "/weights/group"
+RESET_PATH, CLOSE_PATH = "/reset_prefix_cache", "/close"
 #: vLLM's own server bounds a seed by torch.long; -1 means "no seed" to vLLM.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 #: Largest top_k: vLLM keeps it in an int32 tensor.
@@ -145,3 +153,77 @@ class EndUpdate(Body):
 class OpenGroup(Body):
     backend: Literal["gloo", "nccl"] = "gloo"
     timeout: float = Field(120.0, gt=0.0, le=3600.0)
+
+
+# -- answers -------------------------------------------------------------------------------------
+class EngineInfo(BaseModel):
+    """GET /info: what the trainer reads of it (the server says more: extra fields are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    protocol: int
+    dtype: str
+    weights_version: int
+    transports: list[str]
+    device: dict[str, Any] | None = None
+
+
+class GenerateAnswer(BaseModel):
+    """POST /generate: per prompt its ids; per completion (prompt-major, n per prompt) its ids, whether
+    it ran into max_tokens, and each token's log-prob when asked."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    truncated: list[bool]
+    logprobs: list[list[float]] | None = None
+    weights_version: int
+
+
+class UpdateBegun(BaseModel):
+    """POST /weights/begin: the update's id, and whether the server checked the spec."""
+
+    update_id: str
+    checked: bool
+
+
+class GroupOpened(BaseModel):
+    """POST /weights/group: where to join the server's group (as rank 0 of world_size)."""
+
+    port: int
+    backend: str
+    rank: int
+    world_size: int
+
+
+__all__ = [
+    "ABORT_PATH",
+    "BEGIN_PATH",
+    "BROADCAST_PATH",
+    "BUCKET_PATH",
+    "CLOSE_PATH",
+    "END_PATH",
+    "GENERATE_PATH",
+    "GROUP_PATH",
+    "HEALTH_PATH",
+    "INFO_PATH",
+    "KEY_ENV",
+    "PROTOCOL_VERSION",
+    "RESET_PATH",
+    "SEED_MAX",
+    "SEED_MIN",
+    "TOP_K_MAX",
+    "BeginUpdate",
+    "Body",
+    "BroadcastBucket",
+    "Checked",
+    "EndUpdate",
+    "EngineInfo",
+    "GenerateAnswer",
+    "GenerateRequest",
+    "GroupOpened",
+    "OpenGroup",
+    "Seed",
+    "Tensor",
+    "UpdateBegun",
+    "check_values",
+]

@@ -1,0 +1,67 @@
+"""grpocli.generation.server_client against a real stdlib HTTP server on 127.0.0.1 that answers what
+each test sets (no vLLM): which failures a fleet may drop a server for (ServerUnavailable: no answer,
+5xx) and which it may not (a 4xx, an answer outside the protocol), each a UserError naming the URL."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from grpocli.errors import UserError
+from grpocli.generation.base import Sampling
+from grpocli.generation.server_client import ServerClient, ServerUnavailable
+
+
+class Canned(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status, body = self.server.reply  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def canned():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canned)
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _generate(url: str):
+    return ServerClient(url, timeout=10).generate([[5, 6]], 2, Sampling(max_tokens=4), seed=[7])
+
+
+def test_an_answer_is_read_through_its_model(canned):
+    canned.reply = (200, (b'{"prompt_ids": [[5, 6]], "completion_ids": [[1], [2, 3]], "truncated": [false, true], '
+                          b'"logprobs": [[-0.5], [-1.0, -2.0]], "weights_version": 3}'))
+    out = _generate(canned.url)
+    assert out.completion_ids == [[1], [2, 3]] and out.truncated == [False, True] and out.logprobs[1] == [-1.0, -2.0]
+
+
+@pytest.mark.parametrize(("status", "body", "kind", "needles"), [
+    (401, b'{"detail": "this endpoint needs the server\'s API key"}', UserError,
+     ["refused /generate: HTTP 401: this endpoint needs", "export GRPO_VLLM_API_KEY="]),
+    (409, b'{"detail": "the weights are incomplete"}', UserError, ["HTTP 409: the weights are incomplete"]),
+    (503, b'{"detail": "the engine is stuck"}', ServerUnavailable, ["HTTP 503: the engine is stuck"]),
+    (200, b'{"prompt_ids": [[5, 6]], "completion_ids": "none"}', UserError,
+     ["answered POST /generate outside its protocol", "completion_ids of the answer"]),
+])
+def test_failures_say_the_server_and_whether_a_fleet_may_drop_it(canned, status, body, kind, needles):
+    canned.reply = (status, body)
+    with pytest.raises(UserError) as err:
+        _generate(canned.url)
+    assert type(err.value) is kind, err.value.render()
+    text = err.value.render()
+    assert canned.url in text and all(n in text for n in needles), text
