@@ -69,3 +69,15 @@ def test_the_contract_names_every_package_and_module_once():
     named = [name for layer in contract_layers() for name in layer]
     there = {p.name for p in packages()} | {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
     assert sorted(named) == sorted(there)
+
+
+def test_each_only_contract_forbids_every_other_package():
+    """"Only A and B import X": every package and top-level module but A, B (and X's own) is a source."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    allowed = {"grpocli.trainer": {"cli", "benchmark", "trainer"}, "vllm": {"generation", "server"}}
+    every = {p.name for p in packages()} | {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    for contract in config["contracts"]:
+        forbidden = contract.get("forbidden_modules", [])
+        if contract["name"].startswith("Only") and forbidden:
+            sources = {m.removeprefix("grpocli.") for m in contract["source_modules"]}
+            assert sources == every - allowed[forbidden[0]], contract["name"]

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 
 from grpocli.server.chat import check_text_length
 from grpocli.server.host import EngineHost
+from grpocli.server.trl import add_trl_routes
 from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, key_check
 from grpocli.wire import generation as wire
 from grpocli.wire.generation import (
@@ -49,15 +50,13 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
     add_error_handlers(app)
     _add_engine_routes(app, host, key, request_timeout)
     _add_weight_routes(app, host, key)
-
-    from grpocli.server.trl import add_trl_routes
-
     add_trl_routes(app, host, key, request_timeout=request_timeout, trust_templates=trust_request_chat_template)
     return app
 
 
 def _add_engine_routes(app: Any, host: EngineHost, key: Any, request_timeout: float) -> None:
     @app.get(wire.HEALTH_PATH)
+    @app.get("/health/")  # TRL 0.x's path
     def health() -> Any:
         return health_answer(host)
 

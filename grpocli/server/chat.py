@@ -164,15 +164,5 @@ def check_text_length(texts: list[str], limit: int, *, where: str) -> None:
                                    "send a shorter prompt")
 
 
-def text_limit(tokenizer: Any, max_model_len: int) -> int:
-    """The most characters max_model_len tokens of ``tokenizer`` can spell (each token at most its
-    longest vocabulary entry: a byte-level entry has a character per byte, a character at least one)."""
-    try:
-        longest = max(map(len, tokenizer.get_vocab()), default=1)
-    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary listing: a generous bound
-        longest = 64
-    return max_model_len * max(longest, 1)
-
-
 __all__ = ["RENDER_TIMEOUT", "TRUST_FLAG", "RenderTimeout", "bounded", "check_templates", "check_text_length",
-           "render_chat", "render_off_engine", "template_fields", "text_limit"]
+           "render_chat", "render_off_engine", "template_fields"]

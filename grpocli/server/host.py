@@ -75,10 +75,8 @@ class EngineHost:
                 "device": gpu_identity(self.device)}
 
     def prompt_chars(self) -> int:
-        """The most characters a prompt text may have (grpocli.server.chat.text_limit), worked out once."""
+        """The most characters a prompt text may have (text_limit), worked out once."""
         if self._prompt_chars is None:
-            from grpocli.server.chat import text_limit
-
             self._prompt_chars = text_limit(self.engine.llm.get_tokenizer(), self.engine.max_model_len)
         return self._prompt_chars
 
@@ -339,4 +337,14 @@ def is_bad_input(exc: Exception) -> bool:
     return isinstance(exc, VLLMClientError)
 
 
-__all__ = ["EngineHost", "WeightUpdate", "as_answer", "is_bad_input"]
+def text_limit(tokenizer: Any, max_model_len: int) -> int:
+    """The most characters max_model_len tokens of ``tokenizer`` can spell (each token at most its
+    longest vocabulary entry: a byte-level entry has a character per byte, a character at least one)."""
+    try:
+        longest = max(map(len, tokenizer.get_vocab()), default=1)
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary listing: a generous bound
+        longest = 64
+    return max_model_len * max(longest, 1)
+
+
+__all__ = ["EngineHost", "WeightUpdate", "as_answer", "is_bad_input", "text_limit"]

@@ -141,12 +141,6 @@ def add_trl_routes(app: Any, host: EngineHost, key: Any, *, request_timeout: flo
                                    seed=req.generation_kwargs.get("seed"), timeout=request_timeout)
         return {"prompt_ids": out.prompt_ids, "completion_ids": out.completion_ids, "logprobs": out.logprobs}
 
-    @app.get("/health/")
-    def legacy_health() -> Any:
-        from grpocli.server.app import health_answer
-
-        return health_answer(host)
-
 
 def _generate(engine: Any, inputs: list, params: Any, **kwargs: Any) -> list[Any]:
     """vLLM's RequestOutputs of ``inputs`` (on the engine thread)."""

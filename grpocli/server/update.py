@@ -67,12 +67,6 @@ class WeightUpdate:
             seen.add(name)
         return sorted(set(twice))
 
-    def refuse_repeats(self, names: Iterable[str]) -> None:
-        """409 naming the tensors of a bucket that this update already took (nothing is queued)."""
-        twice = self.repeated(names)
-        if twice:
-            raise ServerError(409, repeat_reason(self.id, twice))
-
     def put(self, named: list[Named]) -> None:
         """Queue a checked bucket for the engine (409 and nothing queued if a tensor came before)."""
         self.check(named)
