@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -225,7 +226,7 @@ def spawn(role: str, payload: dict, limits: Limits, isolation: str, python: str,
             (workdir / "tmp").mkdir()
         else:
             case.update(private_mounts=True, workdir=str(workdir))
-    inside = "/sandbox" if isolation == "bwrap" else str(workdir)
+    inside = "/sandbox" if isolation == "bwrap" else str(workdir) if uid is None else "/tmp"  # /tmp: its tmpfs
     stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - the Child closes them
     try:
         with tempfile.TemporaryFile() as boot:
@@ -249,30 +250,33 @@ def spawn(role: str, payload: dict, limits: Limits, isolation: str, python: str,
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a case's directory: first every directory in it made writable and searchable by its
-    owner (a case may lock what it made: ``chmod 000``), each opened without following links."""
+    """Remove a case's directory: first every directory in it made writable and searchable by its owner
+    (a case may lock what it made: ``chmod 000``), each reached without following links (an O_PATH
+    descriptor, changed through /proc/self/fd: it needs no permission on the directory itself)."""
     pending = [str(path)]
     while pending:
         directory = pending.pop()
         try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            handle = os.open(directory, os.O_PATH | os.O_NOFOLLOW)
         except OSError:
             continue
         try:
-            os.fchmod(fd, 0o700)
-            with os.scandir(fd) as entries:
+            if not stat.S_ISDIR(os.fstat(handle).st_mode):
+                continue
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+            with os.scandir(f"/proc/self/fd/{handle}") as entries:
                 pending += [os.path.join(directory, e.name) for e in entries if e.is_dir(follow_symlinks=False)]
         except OSError:
             pass
         finally:
-            os.close(fd)
+            os.close(handle)
     shutil.rmtree(path, ignore_errors=True)
 
 
 def _environment(home: str) -> dict[str, str]:
     """The case's whole environment: nothing of the parent's."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": f"{home}/tmp"}
+            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": home if home == "/tmp" else f"{home}/tmp"}
 
 
 def _bwrap_args(python: str | None, disk_mb: int) -> list[str]:
