@@ -124,9 +124,16 @@ def _verdict(messages: list | None, checks: list[Check | None], code: int) -> St
             return "crashed"
         if kind != "ok" or len(messages[i]) != 2:
             return "failed"  # not plain data, or not an answer
-        if check is not None and not check.holds(messages[i][1]):
+        if check is not None and not _holds(check, messages[i][1]):
             return "failed"
     return "passed" if code == 0 else "crashed"
+
+
+def _holds(check: Check, got: object) -> bool:
+    try:
+        return check.holds(got)
+    except (RecursionError, MemoryError, ValueError, TypeError, OverflowError):  # nested ~1000 deep, say
+        return False
 
 
 def _judged(program: Program, limits: Limits, isolation: str, python: str, deadline: float) -> Outcome:
