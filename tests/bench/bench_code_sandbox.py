@@ -4,8 +4,9 @@
     python tests/bench/bench_code_sandbox.py --cases 32 --levels bwrap --workers 2
 
 Each format scores CASES copies of one correct completion (each case its own sandboxed process, the
-interpreter's start included) and prints milliseconds per case, with the 1-minute load average: on a
-shared machine, compare figures taken under similar load.
+interpreter's start included) and prints wall milliseconds per case and CPU milliseconds per case
+(this process and the sandboxes), with the 1-minute load average: on a shared machine the wall
+figures move with the load, the CPU figures much less; compare runs taken side by side.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -30,6 +32,12 @@ FORMATS = {  # name: (completion, one case's tests)
 }
 
 
+def _cpu_s() -> float:
+    """User + system seconds of this process and of its children (the sandboxes, bwrap's included)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=24)
@@ -45,12 +53,13 @@ def main() -> None:
             for name in args.formats:
                 completion, tests = FORMATS[name]
                 code_tests([""], [completion], tests=[tests], isolation=level)  # the probe, once
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), _cpu_s()
                 scores = code_tests([""] * args.cases, [completion] * args.cases, tests=[tests] * args.cases,
                                     isolation=level, workers=workers)
                 took = (time.perf_counter() - started) / args.cases * 1000
+                cpu = (_cpu_s() - cpu) / args.cases * 1000
                 assert scores == [1.0] * args.cases, (name, level, scores)
-                print(f"{level:8} workers={workers} {name:7} {took:6.0f} ms per case", flush=True)
+                print(f"{level:8} workers={workers} {name:7} {took:6.0f} ms per case, {cpu:4.0f} ms CPU", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
