@@ -225,8 +225,9 @@ def spawn(role: str, payload: dict, limits: Limits, isolation: str, python: str,
         if uid is None:
             (workdir / "tmp").mkdir()
         else:
-            case.update(private_mounts=True, workdir=str(workdir))
-    inside = "/sandbox" if isolation == "bwrap" else str(workdir) if uid is None else "/tmp"  # /tmp: its tmpfs
+            links, binds = _shown(python)
+            case.update(private_root=True, workdir=str(workdir), links=links, binds=binds)
+    inside = str(workdir) if isolation == "process" and uid is None else "/sandbox"
     stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - the Child closes them
     try:
         with tempfile.TemporaryFile() as boot:
@@ -276,7 +277,25 @@ def remove_tree(path: Path) -> None:
 def _environment(home: str) -> dict[str, str]:
     """The case's whole environment: nothing of the parent's."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": home if home == "/tmp" else f"{home}/tmp"}
+            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": f"{home}/tmp"}
+
+
+def _shown(python: str | None) -> tuple[list[list[str]], list[str]]:
+    """What of the host a case sees: (symlinks [target, path] the system's layout has at the top, host
+    directories shown read-only): the system directories and the interpreter's prefixes."""
+    links: list[list[str]] = []
+    binds: list[str] = []
+    for top in ("/usr", "/etc", "/bin", "/lib", "/lib64", "/lib32", "/sbin"):
+        if os.path.islink(top):
+            links.append([os.readlink(top), top])
+        elif os.path.isdir(top):
+            binds.append(top)
+    exe = python or sys.executable
+    for path in sorted({sys.prefix, sys.base_prefix, str(Path(os.path.realpath(exe)).parents[1]),
+                        str(Path(os.path.abspath(exe)).parents[1])}):
+        if not any(path == m or path.startswith(m + "/") for m in binds):
+            binds.append(path)  # an interpreter under /tmp too: /tmp inside is the case's
+    return links, binds
 
 
 def _bwrap_args(python: str | None, disk_mb: int) -> list[str]:
@@ -285,26 +304,17 @@ def _bwrap_args(python: str | None, disk_mb: int) -> list[str]:
     args = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev"]
     made: set[str] = {"/", "/proc", "/dev"}  # directories that exist inside
-    bound: set[str] = set()                  # host directories shown inside as they are
-    for top in ("/usr", "/etc", "/bin", "/lib", "/lib64", "/lib32", "/sbin"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-            bound.add(top)
-        made.add(top)
-    exe = python or sys.executable
-    for path in sorted({sys.prefix, sys.base_prefix, str(Path(os.path.realpath(exe)).parents[1]),
-                        str(Path(os.path.abspath(exe)).parents[1])}):
-        if any(path == m or path.startswith(m + "/") for m in bound):
-            continue  # already shown (an interpreter under /tmp is not: /tmp inside is the case's)
+    links, binds = _shown(python)
+    for target, link in links:
+        args += ["--symlink", target, link]
+        made.add(link)
+    for path in binds:
         for parent in reversed(Path(path).parents):
             if str(parent) not in made:
                 args += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
         args += ["--ro-bind", path, path]
         made.add(path)
-        bound.add(path)
     args += ["--perms", "0700", "--size", str(disk_mb << 20), "--tmpfs", "/sandbox",
              "--perms", "1777", "--dir", "/sandbox/tmp"]
     if "/tmp" not in made:  # else an interpreter lives under /tmp: TMPDIR still leads to /sandbox/tmp

@@ -4,8 +4,8 @@ It arrives with its payload through a file descriptor, never as a file the case 
 ``python -I -c BOOT FD`` reads FD (this source, ``case_values``' and, for a judge,
 ``sandbox_judge``'s, the case's settings and its code), closes it and calls ``main``. Before any
 untrusted code runs it: as root at the process level, moves into new mount and network namespaces
-where every host filesystem is read-only and the case's directory, /tmp, /var/tmp and /dev/shm are
-one tmpfs of ``disk_mb``; as root, gives that directory to the case's own uid and drops to it; sets
+and a root of its own like bwrap's (system directories and the interpreter read-only, /sandbox and
+/tmp one tmpfs of ``disk_mb``); as root, gives that directory to the case's own uid and drops to it; sets
 no_new_privs and the parent-death signal; and sets the rlimits (address space, processes, file size,
 CPU seconds, open files, no core files).
 
@@ -26,7 +26,6 @@ import builtins
 import ctypes
 import json
 import os
-import re
 import resource
 import signal
 import sys
@@ -35,11 +34,8 @@ import traceback
 from grpocli.rewards import case_values
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = (
-    1024, 2048, 4096, 16384, 1 << 18, 1 << 21, 1 << 24)
-KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-              "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = (
+    1, 2, 4, 8, 32, 4096, 8192, 16384, 1 << 18)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 FAILED, CRASHED, SETUP = 3, 4, 97
 REQUEST_CAP = 64 << 20  # bytes of one request line from a judge
@@ -51,41 +47,46 @@ def _mount(libc, source, target, fstype, flags, data=None):
         raise OSError(errno, f"mount {target!r}: {os.strerror(errno)}")
 
 
-def _mount_points():
-    """(path, flags to keep) of every mount this process sees, from /proc/self/mountinfo."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split()
-            path = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            flags = sum(KEPT_FLAGS.get(option, 0) for option in fields[5].split(","))
-            yield path.encode("utf-8", "surrogateescape"), flags
-
-
-def _private_mounts(libc, case):
-    """Process level, as root: new mount and network namespaces; every host mount read-only (where the
-    kernel lets a mount be remounted); the case directory a tmpfs of disk_mb, also seen as /tmp,
-    /var/tmp and /dev/shm."""
+def _private_root(libc, case):
+    """Process level, as root: new mount and network namespaces and a root of its own, as bwrap makes
+    it: the system directories and the interpreter read-only (the trainer lists them), /proc showing
+    only its own uid's processes, five devices, and /sandbox a tmpfs of disk_mb (/tmp leads into it).
+    Nothing else of the host is in its view; the old root is left behind by MS_MOVE and chroot."""
     if libc.unshare(CLONE_NEWNS | CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS | CLONE_NEWNET)")
     _mount(libc, None, b"/", None, MS_REC | MS_PRIVATE)  # nothing below reaches the host's namespace
-    for path, flags in _mount_points():
-        libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None)
-    work = case["workdir"]
+    new = case["workdir"]
+    _mount(libc, b"tmpfs", new.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755")
+    for target, link in case["links"]:
+        os.symlink(target, new + link)
+    for path in case["binds"]:
+        os.makedirs(new + path, exist_ok=True)
+        _mount(libc, path.encode(), (new + path).encode(), None, MS_BIND)
+        _mount(libc, None, (new + path).encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.mkdir(new + "/proc")
+    _mount(libc, b"proc", (new + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2")
+    os.mkdir(new + "/dev")
+    for device in ("null", "zero", "full", "random", "urandom"):
+        open(f"{new}/dev/{device}", "w").close()  # a mount point
+        _mount(libc, f"/dev/{device}".encode(), f"{new}/dev/{device}".encode(), None, MS_BIND)
+    os.mkdir(new + "/sandbox")
     size = f"size={case['disk_mb']}m,nr_inodes=65536,mode=0700".encode()
-    _mount(libc, b"tmpfs", work.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
-    os.chdir(work)  # the tmpfs, not the directory under it
-    os.mkdir("tmp")
-    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(shared) and not os.path.islink(shared):
-            _mount(libc, b"tmp", shared.encode(), None, MS_BIND)  # relative: the cwd, once /tmp hides its path
+    _mount(libc, b"tmpfs", (new + "/sandbox").encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
+    os.mkdir(new + "/sandbox/tmp")
+    os.symlink("/sandbox/tmp", new + "/tmp")
+    os.chdir(new)
+    _mount(libc, b".", b"/", None, MS_MOVE)
+    os.chroot(".")
+    _mount(libc, None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir("/sandbox")
 
 
 def _setup(case):
     libc = ctypes.CDLL(None, use_errno=True)
     uid = case.get("uid")
     if uid is not None and os.getuid() == 0:
-        if case.get("private_mounts"):
-            _private_mounts(libc, case)
+        if case.get("private_root"):
+            _private_root(libc, case)
         for path in (".", "tmp"):  # the case's directory: the tmpfs bwrap or the lines above made
             os.chown(path, uid, uid)
         os.chmod("tmp", 0o1777)

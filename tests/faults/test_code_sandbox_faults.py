@@ -332,3 +332,27 @@ def test_an_unprivileged_user_runs_code_tests(isolation, temp_root):
     assert _sandbox_processes() <= before
     assert subprocess.run(["true"], check=False, timeout=5).returncode == 0
     assert json.dumps(result["logged"])  # the counts are logged as for root
+
+
+@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_a_world_readable_dataset_is_out_of_its_view(isolation, user, temp_root):
+    """The answers in a file every user may read, at a path the completion knows: it cannot open it."""
+    if os.geteuid() != 0:
+        pytest.skip("the data is put in /run, which only root may write")
+    if isolation == "process" and user == "nobody":
+        pytest.skip("a normal user's process-level case reads what you can read (docs/code-sandbox.md)")
+    folder = Path(tempfile.mkdtemp(prefix="grpo-sbx-data-", dir="/run"))  # not under /tmp, which a case's hides
+    try:
+        folder.chmod(0o755)
+        data = folder / "code.jsonl"
+        data.write_text(json.dumps({"tests": ASSERTS}) + "\n")
+        data.chmod(0o644)
+        steal = HARD_CODE.replace("paths = glob.glob('*')", f"paths = [{str(data)!r}] + glob.glob('*')")
+        job = _job({"steals": (steal, ASSERTS), "correct": (ADD, ASSERTS)}, isolation)
+        assert run_as(user, job, temp_root / "run")["scores"] == [0.0, 1.0]
+        job = {"programs": [[f"print(open({str(data)!r}).read())", "stdio", "", ""]], "isolation": isolation}
+        [(status, out)] = run_as(user, job, temp_root / "run")["outcomes"]
+        assert status == "crashed" and "add(1, 2)" not in out, out
+    finally:
+        shutil.rmtree(folder)
