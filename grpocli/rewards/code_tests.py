@@ -60,7 +60,8 @@ class CodeTestsArgs(BaseModel):
     workers: int = Field(2, ge=1, le=256, description="Cases run at once.")
     isolation: Literal["auto", "bwrap", "process"] = Field(
         "auto", description="'bwrap': bubblewrap namespaces (no network, own pids, read-only system, private "
-        "/tmp); 'process': a child process with limits only; 'auto': bwrap where it runs, else process. "
+        "/tmp); 'process': a child process with limits (as root also its own uid, network and root directory); "
+        "'auto': bwrap where it runs, else process. "
         "See docs/code-sandbox.md.")
     python: str | None = Field(None, description="The interpreter that runs the cases (default: grpo's own).")
 

@@ -9,8 +9,9 @@ normal user):
   directories and the interpreter (nothing else of the host's files); its only writable place is
   /sandbox, a tmpfs of ``disk_mb`` (/tmp leads into it); it dies with its parent.
 - ``process``: a plain child process in its own session. Run as root, the harness gives it new
-  mount and network namespaces in which every host filesystem is read-only and its directory,
-  /tmp, /var/tmp and /dev/shm are one tmpfs of ``disk_mb``.
+  mount and network namespaces and a root of its own like bwrap's (the same directories shown
+  read-only, /sandbox a tmpfs of ``disk_mb``, /proc with hidepid=2). Run as a normal user it is
+  only a process of that user, in a directory of its own (docs/code-sandbox.md says what follows).
 
 At both levels the environment is replaced (PATH, HOME, LANG, TMPDIR only), the harness
 (``grpocli.rewards.sandbox_harness``) sets rlimits (address space, processes, file size, CPU
