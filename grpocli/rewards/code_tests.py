@@ -3,8 +3,8 @@
 Tests are read in the formats the common code-RL datasets write them:
 
 - a list of assert statements, or one string of test code (MBPP's ``test_list``, open-instruct's
-  code tests, HumanEval's ``test`` + a ``check(...)`` call): each string is one case, run after the
-  solution in the same globals; it passes when it returns;
+  code tests, HumanEval's ``test`` + a ``check(...)`` call): each string is one case; it passes when
+  every assert holds (``grpocli.rewards.sandbox_cases`` says where each is evaluated and compared);
 - ``{"inputs": [...], "outputs": [...]}`` (APPS, TACO, PrimeIntellect, verl's prime code): stdin /
   stdout cases, or call cases with ``"fn_name"`` (the function called with each input's args);
 - a list of ``{"input": ..., "output": ...}`` (DeepCoder; ``"testtype": "functional"`` with a
@@ -13,7 +13,7 @@ Tests are read in the formats the common code-RL datasets write them:
 
 The code is the last ```python block of the completion (open-r1's ``extract_code``), else the last
 ``` block, else the whole text. Every case runs in its own sandboxed process
-(``grpocli.rewards.sandbox``); the score is the passed fraction or, with ``mode =
+(``grpocli.rewards.sandbox``), which never holds the expected values; the score is the passed fraction or, with ``mode =
 "all_or_nothing"``, 1.0 only when every case passes. Rows without tests score None. The batch's
 case counts go to the metrics through TRL's ``log_metric``: ``sandbox/passed``, ``sandbox/failed``,
 ``sandbox/timeout``, ``sandbox/crashed``.
@@ -33,23 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpocli.errors import UserError
 from grpocli.registry.contracts import recipe_args
-from grpocli.rewards.sandbox import Limits, Program, interpreter, resolve_isolation, run_program
+from grpocli.rewards.sandbox import Limits, interpreter, resolve_isolation
+from grpocli.rewards.sandbox_cases import Program, run_program
 from grpocli.rewards.text import completion_text
 
 CODE_BLOCK = re.compile(r"```(python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 STATUSES = ("passed", "failed", "timeout", "crashed")
-CALL_CHECK = """
-import json as _json
-def _plain(v):
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {{str(k): _plain(x) for k, x in v.items()}}
-    return v
-_got = _plain({fn}(*_json.loads({args!r})))
-_expected = _json.loads({expected!r})
-assert _got == _expected or [_got] == _expected, f"{fn} returned {{_got!r}}, expected {{_expected!r}}"
-"""
 
 
 class CodeTestsArgs(BaseModel):
@@ -66,16 +55,19 @@ class CodeTestsArgs(BaseModel):
         "grpo runs as root, where each case runs under a uid of its own).")
     file_size_mb: int = Field(16, ge=1, le=1 << 16,
                               description="Largest file one case may write, its stdout included (RLIMIT_FSIZE).")
+    disk_mb: int = Field(64, ge=1, le=1 << 16, description="All one case may write to its directory and /tmp "
+                         "together (a tmpfs, counted in memory; bwrap, and the process level as root).")
     workers: int = Field(2, ge=1, le=256, description="Cases run at once.")
     isolation: Literal["auto", "bwrap", "process"] = Field(
         "auto", description="'bwrap': bubblewrap namespaces (no network, own pids, read-only system, private "
-        "/tmp); 'process': a child process with limits only; 'auto': bwrap where it runs, else process. "
+        "/tmp); 'process': a child process with limits (as root also its own uid, network and root directory); "
+        "'auto': bwrap where it runs, else process. "
         "See docs/code-sandbox.md.")
     python: str | None = Field(None, description="The interpreter that runs the cases (default: grpo's own).")
 
     def limits(self) -> Limits:
         return Limits(timeout_s=self.case_timeout, memory_mb=self.memory_mb, max_processes=self.max_processes,
-                      file_size_mb=self.file_size_mb)
+                      file_size_mb=self.file_size_mb, disk_mb=self.disk_mb)
 
 
 ARG_NAMES = tuple(CodeTestsArgs.model_fields)
@@ -128,7 +120,8 @@ def extract_code(text: str) -> str:
 
 
 def cases_of(tests: Any, fn_name: str | None = None) -> list[tuple[str, str, str]]:
-    """(mode, tests or expected stdout, stdin) per case of one row's tests, in any format above."""
+    """(mode, tests, stdin) per case of one row's tests, in any format above: ``assert`` with the test code,
+    ``stdio`` with the expected stdout, ``call`` with ``{"fn", "args", "expected"}`` as JSON."""
     if tests is None:
         return []
     if isinstance(tests, str):
@@ -162,8 +155,7 @@ def _io_case(given: Any, expected: Any, fn_name: str | None) -> tuple[str, str, 
             raise UserError(f"code.tests: fn_name {fn_name!r} is not a Python name", valid="a function name")
         args = given if isinstance(given, list) else [_json_or_text(line) for line in str(given).splitlines()]
         want = _json_or_text(expected) if isinstance(expected, str) else expected
-        code = CALL_CHECK.format(fn=fn_name, args=json.dumps(args), expected=json.dumps(want))
-        return "assert", code, ""
+        return "call", json.dumps({"fn": fn_name, "args": args, "expected": want}), ""
     return "stdio", _lines(expected), _lines(given)
 
 

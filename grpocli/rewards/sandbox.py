@@ -1,50 +1,63 @@
-"""Run one untrusted Python program in a sandbox: a process per case, limits, a private directory.
+"""Sandboxed processes for untrusted Python: one per case (two for tests that are code: a judge and
+the solution), within limits, in a private directory of bounded size.
 
-Two isolation levels (docs/code-sandbox.md says what each protects against):
+Two isolation levels (docs/code-sandbox.md says what each protects against, as root and as a
+normal user):
 
 - ``bwrap``: bubblewrap (https://github.com/containers/bubblewrap, as Flatpak uses it) puts the
-  case in new pid, network, IPC and UTS namespaces over a read-only view of the system
-  directories and the interpreter (nothing else of the host's files), a private /tmp, and the
-  case directory as /sandbox; it dies with its parent.
-- ``process``: the case runs as a plain child process in its own session.
+  process in new pid, network, IPC and UTS namespaces over a read-only view of the system
+  directories and the interpreter (nothing else of the host's files); its only writable place is
+  /sandbox, a tmpfs of ``disk_mb`` (/tmp leads into it); it dies with its parent.
+- ``process``: a plain child process in its own session. Run as root, the harness gives it new
+  mount and network namespaces and a root of its own like bwrap's (the same directories shown
+  read-only, /sandbox a tmpfs of ``disk_mb``, /proc with hidepid=2). Run as a normal user it is
+  only a process of that user, in a directory of its own (docs/code-sandbox.md says what follows).
 
-At both levels the environment is replaced (PATH, HOME, LANG only), the harness
+At both levels the environment is replaced (PATH, HOME, LANG, TMPDIR only), the harness
 (``grpocli.rewards.sandbox_harness``) sets rlimits (address space, processes, file size, CPU
-seconds) before the code runs, and the case directory is removed afterwards. Run as root (the
-common case on training machines), the harness also drops to a uid of its own per worker slot,
-taken from a locked pool: RLIMIT_NPROC is not enforced for root, a fork bomb is; the trainer's
-processes, files and /proc/<pid>/environ are out of its reach; and every process left behind is
-killed with ``kill(-1, SIGKILL)`` issued as that uid (it reaches all of them, whichever session
-or process group they moved to). At the process level root also gets a network namespace.
+seconds) before the code runs, and as root each process runs under a uid of its own
+(``grpocli.rewards.uid_pool``): every process it left is killed with ``kill(-1, SIGKILL)`` issued as
+that uid.
+
+Nothing passes through the case's directory. The harness, its settings and the code arrive on a
+descriptor of an anonymous file; stdin, stdout, stderr, the replies and a judge's verdict are
+anonymous files or pipes the trainer made, read back with a size limit once the process ended or
+its time ran out. The trainer never opens what the case's directory holds: it only removes it
+(never following links, making directories the case locked writable again first).
 """
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
-import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from grpocli.errors import UserError
+from grpocli.rewards.uid_pool import processes_of
 
-Isolation = Literal["auto", "bwrap", "process"]
 Status = Literal["passed", "failed", "timeout", "crashed"]
-HARNESS = Path(__file__).with_name("sandbox_harness.py")
-UID_BASE = 1_610_000_000  # far above any login or system uid; 0x6000 slots from here
-UID_SLOTS = 4096
-BWRAP_PROCESSES = 2  # bwrap's own processes that share the case's uid count (none: they run as root)
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+BWRAP_PROCESSES = 2  # bwrap's own processes that share the case's uid (none when root: they run as root)
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 STARTUP_S = 1.0  # wall seconds a case gets on top of its timeout: bwrap and the interpreter start
-READ_CAP = 1 << 20  # bytes of a case's stdout that are compared
+TIMED_OUT = (signal.SIGXCPU, signal.SIGKILL)
+MODULES = ("case_values", "sandbox_judge", "sandbox_harness")  # sent to the process, in this order
+BOOT = ("import json,os,sys,types\n"
+        "with os.fdopen(int(sys.argv[1]),'rb') as f: p=json.loads(f.read())\n"
+        "for n in ('grpocli','grpocli.rewards'): sys.modules[n]=types.ModuleType(n); sys.modules[n].__path__=[]\n"
+        "for n,s in p['modules']:\n"
+        " m=sys.modules[n]=types.ModuleType(n); setattr(sys.modules['grpocli.rewards'],n.rpartition('.')[2],m)\n"
+        " exec(compile(s,n,'exec'),m.__dict__)\n"
+        "m.main(p)\n")
 
 
 @dataclass(frozen=True)
@@ -52,19 +65,10 @@ class Limits:
     """What one case may use (each a ``[[rewards]] args`` key of ``code.tests``)."""
 
     timeout_s: float = 4.0      # wall seconds
-    memory_mb: int = 512        # address space (RLIMIT_AS)
-    max_processes: int = 16     # processes and threads of the case (RLIMIT_NPROC, enforced under its own uid)
+    memory_mb: int = 512        # address space of each process (RLIMIT_AS)
+    max_processes: int = 16     # processes and threads (RLIMIT_NPROC, enforced under its own uid)
     file_size_mb: int = 16      # largest file it may write, stdout included (RLIMIT_FSIZE)
-
-
-@dataclass(frozen=True)
-class Program:
-    """One case to run: the solution, the tests run after it (assert mode) or the stdin (stdio)."""
-
-    solution: str
-    mode: Literal["assert", "stdio"]
-    tests: str = ""
-    stdin: str = ""
+    disk_mb: int = 64           # all it may write to its directory and /tmp (a tmpfs; not as a normal user at the process level)
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,9 @@ def bwrap_problem() -> str | None:
     if exe is None:
         return "the `bwrap` command is not installed (not on PATH)"
     if exe not in _BWRAP_CHECKED:
-        argv = [exe, *_bwrap_mounts(None), "--", sys.executable, "-I", "-c", "pass"]
+        argv = [exe, *_bwrap_args(None, 1), "--", sys.executable, "-I", "-c", "pass"]
         try:
-            run = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30, env=_environment("/"))
+            run = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30, env=_environment("/sandbox"))
             _BWRAP_CHECKED[exe] = None if run.returncode == 0 else (
                 f"`bwrap` failed to make its namespaces: {run.stderr.strip()[-300:]} (user namespaces may be "
                 "disabled: sysctl kernel.unprivileged_userns_clone=1, or run as root)")
@@ -142,247 +146,178 @@ def bwrap_problem() -> str | None:
     return _BWRAP_CHECKED[exe]
 
 
-def run_program(program: Program, limits: Limits, isolation: str, python: str | None = None) -> Outcome:
-    """Run ``program`` under ``isolation`` (``bwrap`` or ``process``) within ``limits``; never raises
-    for what the program does. Everything it started is killed and its directory removed on return."""
-    python = python or sys.executable
-    with _UidSlot() as uid:
-        root = Path(tempfile.mkdtemp(prefix="grpo-sandbox-"))
-        try:
-            return _run_in(root, program, limits, isolation, python, uid)
-        finally:
-            if uid is not None:
-                _kill_uid(uid)
-                _remove_owned(uid)
-            shutil.rmtree(root, ignore_errors=True)
+@cache
+def _sources() -> tuple[tuple[str, str], ...]:
+    here = Path(__file__).parent
+    return tuple((f"grpocli.rewards.{name}", (here / f"{name}.py").read_text(encoding="utf-8")) for name in MODULES)
 
 
-def _run_in(root: Path, program: Program, limits: Limits, isolation: str, python: str, uid: int | None) -> Outcome:
-    case_dir = root / "case"
-    case_dir.mkdir(mode=0o700)
-    token = secrets.token_hex(16)
-    extra = BWRAP_PROCESSES if isolation == "bwrap" and uid is None else 0
-    config = {"mode": program.mode, "uid": uid, "unshare_net": isolation == "process",
-              "memory_mb": limits.memory_mb, "file_size_mb": limits.file_size_mb,
-              "nproc": limits.max_processes + extra + (0 if uid is not None else _processes_of(os.getuid())),
-              "cpu_s": int(limits.timeout_s) + 2}
-    (case_dir / "solution.py").write_text(program.solution, encoding="utf-8")
-    (case_dir / "tests.py").write_text(program.tests, encoding="utf-8")
-    (case_dir / "stdin.txt").write_text(program.stdin, encoding="utf-8")
-    (case_dir / "case.json").write_text(_json(config), encoding="utf-8")
-    shutil.copyfile(HARNESS, case_dir / "harness.py")
-    if uid is not None:
-        root.chmod(0o711)
-        for path in (case_dir, *case_dir.iterdir()):
-            os.chown(path, uid, uid)
-    inside = "/sandbox" if isolation == "bwrap" else str(case_dir)
-    argv = [python, "-I", f"{inside}/harness.py", f"{inside}/case.json"]
-    if isolation == "bwrap":
-        argv = [shutil.which("bwrap") or "bwrap", *_bwrap_mounts(case_dir, python), "--", *argv]
-    out_path, err_path = root / "stdout", root / "stderr"
-    with open(out_path, "wb") as out, open(err_path, "wb") as err, \
-            open(case_dir / "stdin.txt", "rb") as stdin_file:
-        stdin = subprocess.PIPE if program.mode == "assert" else stdin_file
-        proc = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=err, cwd=case_dir, close_fds=True,
-                                env=_environment(inside), start_new_session=True)
-        if program.mode == "assert":
-            _send(proc, token)
+@dataclass
+class Child:
+    """One sandboxed process and the anonymous files its stdout and stderr go to."""
+
+    proc: subprocess.Popen
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    workdir: Path | None = None
+    returncode: int | None = field(default=None, init=False)
+
+    def wait(self, deadline: float) -> int | None:
+        """Its exit status, or None when it still runs at ``deadline`` (time.monotonic)."""
         try:
-            returncode = proc.wait(timeout=limits.timeout_s + STARTUP_S)
+            self.returncode = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return Outcome("timeout", stderr=err_path.read_bytes()[-2000:].decode("utf-8", errors="replace"))
-        finally:
-            _kill_group(proc)
-    with open(err_path, "rb") as f:
-        f.seek(max(0, err_path.stat().st_size - 2000))
-        stderr = f.read().decode("utf-8", errors="replace")
-    return replace(_judge(program, returncode, token, case_dir, out_path), stderr=stderr)
+            return None
+        return self.returncode
 
+    def timed_out(self) -> bool:
+        """Ended by a time limit: SIGXCPU (RLIMIT_CPU) or SIGKILL."""
+        code = self.proc.poll()
+        return code is not None and signal_of(code) in TIMED_OUT
 
-def _judge(program: Program, returncode: int, token: str, case_dir: Path, out_path: Path) -> Outcome:
-    with open(out_path, "rb") as f:
-        stdout = f.read(READ_CAP).decode("utf-8", errors="replace")
-    if returncode > 128:  # bwrap exits 128 + the signal that killed the case
-        returncode = 128 - returncode
-    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        return Outcome("timeout", stdout, returncode)
-    if program.mode == "assert":
+    def output(self, cap: int) -> str:
+        return head(self.stdout, cap).decode("utf-8", errors="replace")
+
+    def errors(self) -> str:
+        size = os.fstat(self.stderr.fileno()).st_size
+        return os.pread(self.stderr.fileno(), 2000, max(0, size - 2000)).decode("utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGKILL its session (bwrap's namespace dies with its init), close its files, remove its directory."""
         try:
-            verdict = (case_dir / ".verdict").read_text(errors="replace").strip()
+            os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
-            verdict = ""
-        if returncode == 0 and verdict == token:
-            return Outcome("passed", stdout, returncode)
-        return Outcome("failed" if returncode in (0, 3) else "crashed", stdout, returncode)
-    if returncode != 0:
-        return Outcome("crashed", stdout, returncode)
-    return Outcome("passed" if same_output(stdout, program.tests) else "failed", stdout, returncode)
+            pass
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.stdout.close()
+        self.stderr.close()
+        if self.workdir is not None:
+            remove_tree(self.workdir)
 
 
-def same_output(got: str, expected: str) -> bool:
-    """Equal after stripping each line and trailing blank lines (APPS / TACO's comparison), or as
-    whitespace-separated tokens where every token is a number equal within 1e-6."""
-    def lines(s: str) -> list[str]:
-        return [line.strip() for line in s.strip().splitlines()]
+def head(file: IO[bytes], cap: int) -> bytes:
+    """The first ``cap`` bytes of an anonymous file the trainer made (never a path: nothing to swap)."""
+    return os.pread(file.fileno(), cap, 0)
 
-    if lines(got) == lines(expected):
-        return True
-    a, b = got.split(), expected.split()
-    if len(a) != len(b) or a == b:
-        return a == b
+
+def signal_of(returncode: int) -> int:
+    """The signal that ended a process (bwrap exits 128 + the signal that killed the case), else 0."""
+    if returncode < 0:
+        return -returncode
+    return returncode - 128 if returncode > 128 else 0
+
+
+def spawn(role: str, payload: dict, limits: Limits, isolation: str, python: str, uid: int | None, *,
+          stdin: IO[bytes] | None = None, fds: dict[str, int] | None = None) -> Child:
+    """Start the harness in ``role`` with ``payload`` (its code, requests or tests) under ``isolation``,
+    passing it the descriptors ``fds`` (same numbers inside)."""
+    fds = fds or {}
+    extra = BWRAP_PROCESSES if isolation == "bwrap" and uid is None else 0
+    case = {"role": role, "uid": uid, "fds": fds, "memory_mb": limits.memory_mb, "file_size_mb": limits.file_size_mb,
+            "nproc": limits.max_processes + extra + (0 if uid is not None else len(processes_of(os.getuid()))),
+            "cpu_s": int(limits.timeout_s) + 2, "disk_mb": limits.disk_mb}
+    workdir = None
+    if isolation == "process":
+        workdir = Path(tempfile.mkdtemp(prefix="grpo-sandbox-"))
+        if uid is None:
+            (workdir / "tmp").mkdir()
+        else:
+            links, binds = _shown(python)
+            case.update(private_root=True, workdir=str(workdir), links=links, binds=binds)
+    inside = str(workdir) if isolation == "process" and uid is None else "/sandbox"
+    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - the Child closes them
     try:
-        return all(abs(float(x) - float(y)) <= 1e-6 * max(1.0, abs(float(y))) for x, y in zip(a, b))
-    except ValueError:
-        return False
+        with tempfile.TemporaryFile() as boot:
+            boot.write(json.dumps({**payload, "modules": _sources(), "case": case}).encode())
+            boot.flush()
+            boot.seek(0)
+            argv = [python, "-I", "-c", BOOT, str(boot.fileno())]
+            if isolation == "bwrap":
+                argv = [shutil.which("bwrap") or "bwrap", *_bwrap_args(python, limits.disk_mb), "--", *argv]
+            proc = subprocess.Popen(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=stdout,
+                                    stderr=stderr, cwd=workdir or "/", close_fds=True,
+                                    pass_fds=(boot.fileno(), *fds.values()), env=_environment(inside),
+                                    start_new_session=True)
+    except BaseException:
+        stdout.close()
+        stderr.close()
+        if workdir is not None:
+            remove_tree(workdir)
+        raise
+    return Child(proc, stdout, stderr, workdir)
 
 
-def _send(proc: subprocess.Popen, token: str) -> None:
-    try:
-        proc.stdin.write(f"{token}\n".encode())
-        proc.stdin.close()
-    except OSError:  # it already exited
-        pass
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the case's session (its process group); bwrap's namespace dies with its init."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        proc.kill()
-        proc.wait(timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+def remove_tree(path: Path) -> None:
+    """Remove a case's directory: first every directory in it made writable and searchable by its owner
+    (a case may lock what it made: ``chmod 000``), each reached without following links (an O_PATH
+    descriptor, changed through /proc/self/fd: it needs no permission on the directory itself)."""
+    pending = [str(path)]
+    while pending:
+        directory = pending.pop()
+        try:
+            handle = os.open(directory, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISDIR(os.fstat(handle).st_mode):
+                continue
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+            with os.scandir(f"/proc/self/fd/{handle}") as entries:
+                pending += [os.path.join(directory, e.name) for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            pass
+        finally:
+            os.close(handle)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _environment(home: str) -> dict[str, str]:
     """The case's whole environment: nothing of the parent's."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": f"{home}/tmp"}
 
 
-def _bwrap_mounts(case_dir: Path | None, python: str | None = None) -> list[str]:
-    """bwrap's arguments: namespaces, the system directories and the interpreter read-only, a private
-    /tmp, the case directory read-write as /sandbox (a private tmpfs there for the probe)."""
-    args = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    made: set[str] = {"/", "/proc", "/dev", "/tmp"}  # directories that exist inside
-    bound: set[str] = set()                            # host directories shown inside as they are
+def _shown(python: str | None) -> tuple[list[list[str]], list[str]]:
+    """What of the host a case sees: (symlinks [target, path] the system's layout has at the top, host
+    directories shown read-only): the system directories and the interpreter's prefixes."""
+    links: list[list[str]] = []
+    binds: list[str] = []
     for top in ("/usr", "/etc", "/bin", "/lib", "/lib64", "/lib32", "/sbin"):
         if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
+            links.append([os.readlink(top), top])
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-            bound.add(top)
-        made.add(top)
+            binds.append(top)
     exe = python or sys.executable
     for path in sorted({sys.prefix, sys.base_prefix, str(Path(os.path.realpath(exe)).parents[1]),
                         str(Path(os.path.abspath(exe)).parents[1])}):
-        if any(path == m or path.startswith(m + "/") for m in bound):
-            continue  # already shown (an interpreter under /tmp is not: /tmp inside is a fresh tmpfs)
+        if not any(path == m or path.startswith(m + "/") for m in binds):
+            binds.append(path)  # an interpreter under /tmp too: /tmp inside is the case's
+    return links, binds
+
+
+def _bwrap_args(python: str | None, disk_mb: int) -> list[str]:
+    """bwrap's arguments: namespaces, the system directories and the interpreter read-only, /sandbox a
+    tmpfs of ``disk_mb`` with /tmp leading into it, everything else read-only."""
+    args = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev"]
+    made: set[str] = {"/", "/proc", "/dev"}  # directories that exist inside
+    links, binds = _shown(python)
+    for target, link in links:
+        args += ["--symlink", target, link]
+        made.add(link)
+    for path in binds:
         for parent in reversed(Path(path).parents):
             if str(parent) not in made:
                 args += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
         args += ["--ro-bind", path, path]
         made.add(path)
-        bound.add(path)
-    if case_dir is None:
-        return [*args, "--tmpfs", "/sandbox", "--chdir", "/sandbox"]
-    return [*args, "--bind", str(case_dir), "/sandbox", "--chdir", "/sandbox"]
-
-
-def _json(config: dict) -> str:
-    import json
-
-    return json.dumps(config)
-
-
-class _UidSlot:
-    """A uid of the pool held for one case (root only; None otherwise), by an flock on its file."""
-
-    def __enter__(self) -> int | None:
-        self.fd = None
-        if os.geteuid() != 0:
-            return None
-        locks = Path(tempfile.gettempdir()) / "grpo-sandbox-uids"
-        locks.mkdir(mode=0o700, exist_ok=True)
-        start = secrets.randbelow(UID_SLOTS)
-        for i in range(UID_SLOTS):
-            slot = (start + i) % UID_SLOTS
-            fd = os.open(locks / str(slot), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.fd = fd
-            _kill_uid(UID_BASE + slot)  # whatever a crashed run may have left under it
-            return UID_BASE + slot
-        raise RuntimeError(f"all {UID_SLOTS} sandbox uids are in use")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # releases the lock
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Pids of the live processes whose real uid is ``uid`` (a scan of /proc; zombies left out)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                for line in f:
-                    if line.startswith("State:") and line.split()[1] in "ZX":
-                        break  # dead, waiting to be reaped by init: nothing left to kill
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid``: ``kill(-1)`` sent as that uid reaches exactly those, in one
-    pass of the kernel (a fork bomb cannot outrun it); a /proc scan confirms, root kills stragglers."""
-    kill = shutil.which("kill", path="/usr/bin:/bin")
-    for _ in range(50):
-        pids = _processes_of(uid)
-        if not pids:
-            return
-        if kill is not None:
-            subprocess.run([kill, "-s", "KILL", "--", "-1"], check=False, user=uid, group=uid, extra_groups=[], env={}, cwd="/",
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        else:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        time.sleep(0.01)  # the kernel reaps killed processes asynchronously
-
-
-def _remove_owned(uid: int) -> None:
-    """Remove what ``uid`` left in the world-writable directories (process level: /tmp is shared)."""
-    for top in SHARED_TMP:
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-            except OSError:
-                continue
+    args += ["--perms", "0700", "--size", str(disk_mb << 20), "--tmpfs", "/sandbox",
+             "--perms", "1777", "--dir", "/sandbox/tmp"]
+    if "/tmp" not in made:  # else an interpreter lives under /tmp: TMPDIR still leads to /sandbox/tmp
+        args += ["--symlink", "/sandbox/tmp", "/tmp"]
+    return [*args, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/sandbox"]

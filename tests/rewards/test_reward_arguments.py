@@ -104,7 +104,7 @@ def test_builtins_accept_their_args_and_not_the_columns_they_read() -> None:
         "reasoning.steps": {"min_steps"}, "length": {"target", "normalize", "target_length"},
         "arithmetic.exact": set(), "countdown.equation": {"format_score"},
         "math.accuracy": {"answer_column"},
-        "code.tests": {"tests_column", "mode", "case_timeout", "memory_mb", "max_processes", "file_size_mb",
+        "code.tests": {"tests_column", "mode", "case_timeout", "memory_mb", "max_processes", "file_size_mb", "disk_mb",
                        "workers", "isolation", "python"},
         "judge": set(JudgeArgs.model_fields),
     }
