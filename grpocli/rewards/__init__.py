@@ -13,7 +13,12 @@
     reward_model.py     a sequence-classification checkpoint as a reward
     code_tests.py       ``code.tests``: a completion's code run against its row's tests
     sandbox.py          one untrusted program in a sandbox: a process per case, limits, a private directory
+    sandbox_cases.py    what a case runs and how its answers are judged, outside the solution's reach
     sandbox_harness.py  the first code that runs inside a sandboxed case; stdlib only
+    sandbox_judge.py    the judge of test code grpo cannot take apart, in a process of its own
+    assertions.py       assert tests taken apart: the expression the solution evaluates, the expected value kept
+    case_values.py      plain values across the sandbox's edge, as one line of tagged JSON
+    uid_pool.py         the uids cases run under when grpo is root, where only root writes
     judge.py            ``judge``: an LLM grades completions through an OpenAI-compatible endpoint
     verdicts.py         a judge's reply read as a score
     remote.py           [[rewards]] entries with ``url``: scored by `grpo reward-serve` over HTTP
