@@ -169,6 +169,15 @@ class Parallel:
         all-reduce, and the next collective then waits forever)."""
         return idle_forward(model)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's loss, scaled by the number of processes: DDP, FSDP2 and
+        DeepSpeed average the gradients over them, and the loss is already this process's share of
+        the whole batch's (grpocli.algorithms.losses), so the average would divide it again."""
+        if self.accelerator is None:
+            loss.backward()
+            return
+        self.accelerator.backward(loss * self.size)
+
     @contextmanager
     def accumulating(self, model: Any, last: bool) -> Iterator[None]:
         """Around one micro-batch's forward and backward: gradients are reduced at the `last` only."""
