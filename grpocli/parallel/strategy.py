@@ -46,12 +46,19 @@ class Parallel:
     forward_collective = False
     #: Every backward pass reduces gradients (a collective): FSDP2, DeepSpeed.
     backward_collective = False
-    #: What config.resolved.toml records as train.sharding.
+    #: How the processes hold the policy, as `grpo plan` names it: "none" (one process, DDP: a whole
+    #: copy each), "fsdp2", "zero2", "zero3".
     sharding = "none"
 
     def __init__(self, accelerator: Any) -> None:
         self.accelerator = accelerator  # None: one process without accelerate (Parallel.alone)
         self.activity: tuple[int, str, float] | None = None  # (step, what, since): `doing`
+
+    @property
+    def recipe_sharding(self) -> str:
+        """What config.resolved.toml records as train.sharding: this strategy's `sharding`, where the
+        recipe can name it ("none", "fsdp2")."""
+        return self.sharding
 
     @classmethod
     def alone(cls) -> Parallel:

@@ -184,7 +184,7 @@ class Session:
             self.run.root.mkdir(parents=True, exist_ok=True)
             self._keep_history(resume_from, changed)
             # what ran, however it was launched: the processes, the mixed precision applied, the sharding
-            ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.sharding}
+            ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.recipe_sharding}
             ran_recipe = r.model_copy(update={"train": r.train.model_copy(update=ran)})
             self.run.config.write_text(to_toml(ran_recipe), encoding="utf-8")
             self.run.config_sources.write_text(sources_json(self.resolved, ran_recipe), encoding="utf-8")
@@ -307,8 +307,7 @@ def _check_memory(r: Recipe, parallel: Parallel) -> None:
     from grpocli.planning import check_fits
 
     total = torch.cuda.get_device_properties(parallel.device).total_memory
-    stage = getattr(parallel, "stage", None)  # DeepSpeed ZeRO from accelerate's config
-    check_fits(r, gpus=parallel.size, gpu_memory=total, sharding=f"zero{stage}" if stage else parallel.sharding)
+    check_fits(r, gpus=parallel.size, gpu_memory=total, sharding=parallel.sharding)
 
 
 def _optimizer(t: TrainSection, model: Any) -> tuple[Any, Any]:
