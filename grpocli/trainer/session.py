@@ -28,8 +28,9 @@ from grpocli.trainer.rollouts import Scored
 
 if TYPE_CHECKING:
     from grpocli.data.template import RenderedPrompts
-    from grpocli.recipe.schema import TrainSection
+    from grpocli.generation.base import GenerationBackend
     from grpocli.multiturn.turns import TurnLoop
+    from grpocli.recipe.schema import TrainSection
 
 
 class TrainingStopped(UserError):
@@ -87,7 +88,7 @@ class Session:
     reference: Any          # None when beta = 0; a model; a ReferenceClient with algorithm.reference = "server"
     optimizer: Any
     scheduler: Any
-    backend: Any            # grpocli.generation.base.GenerationBackend
+    backend: GenerationBackend
     reward_fns: list[RewardFn]
     prompts: RenderedPrompts  # dataset rows rendered on access
     stream: PromptStream
@@ -118,9 +119,8 @@ class Session:
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.parallel import start
-        from grpocli.trainer.preflight import preflight
-
         from grpocli.recipe.duration import resolve_duration
+        from grpocli.trainer.preflight import preflight
 
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
