@@ -4,6 +4,7 @@
     2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
                       turn loop of grpocli.multiturn.turns, tools run between the model's turns)
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
+                      (`rollouts.score_rollouts`)
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
                       `rollouts.compute_advantages`); groups without reward spread marked
     5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
@@ -16,7 +17,7 @@
     8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
-Scored, Advantages; `Batch` and `Slice` here; the step's statistics); no phase fills in an
+Scored, Advantages; `Sampled`, `Batch` and `Slice` here; the step's statistics); no phase fills in an
 earlier one's value. The run's counters are `Session.state` (grpocli.trainer.session.RunState), and
 the processes are asked through `Session.parallel` (grpocli.parallel).
 """
@@ -31,17 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms.advantages import overlong_penalty
 from grpocli.algorithms.packing import choose_layout
 from grpocli.errors import Stopped
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
-from grpocli.generation.weights import policy_weights
 from grpocli.parallel.trackers import prefixed
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
-from grpocli.reference.mixing import mix_state
-from grpocli.rewards import score
+from grpocli.reference.mixing import refresh_reference
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
@@ -60,7 +58,15 @@ from grpocli.trainer.metrics import (
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, compute_advantages, flat_groups, keep_informative
+from grpocli.trainer.rollouts import (
+    Advantages,
+    Rollouts,
+    Scored,
+    compute_advantages,
+    flat_groups,
+    keep_informative,
+    score_rollouts,
+)
 from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
@@ -96,6 +102,16 @@ def _train(resolved: Resolved, stops: StopSignals) -> None:
         if loop is not None:
             loop.close()
         s.close()
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """Phases 1-3 over one set of prompts (a DAPO fill round is another) and what they took."""
+
+    scored: Scored                # [B*G] the rollouts, with their rewards
+    turns: TurnStats | None       # multi-turn: the rollouts' turn and tool-call counts; else None
+    generation_s: float           # generating them (0 when generated ahead: the wait is the batch's)
+    rewards_s: float              # scoring them
 
 
 @dataclass(frozen=True)
@@ -157,8 +173,8 @@ class Loop:
                 state.num_tokens += batch.num_tokens if k == 0 else 0
                 self.maybe_refresh_reference()
                 sync = self.sync() if k == len(plan) - 1 else 0.0                     # 7
-                self.record(batch, sl, stats, {**shares, "time/weight_sync": sync},       # 8
-                            completion_tokens=batch.completion_tokens / len(plan))
+                seconds = {**shares, "time/weight_sync": sync, "time/training": stats["time/training"]}  # they add up
+                self.record(batch, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan))  # 8
             self.maybe_evaluate(since=cycle_start)
             self.maybe_checkpoint()
             self.maybe_stop()
@@ -169,28 +185,27 @@ class Loop:
         """B prompts, G completions each, scored; advantages over every process's groups."""
         s, r = self.s, self.s.recipe
         n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
-        seconds = {"time/generation": 0.0, "time/rewards": 0.0}
         info: dict[str, float] = {}
+        waited = 0.0
         if self.prefetch:  # generated while the previous batches trained
             t0 = time.perf_counter()
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
-            seconds["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
+            waited = time.perf_counter() - t0  # the wait, not the overlap
             info["generation/staleness"] = s.state.step - generated_at
-            scored, turns = self.sample(rows, seconds, generated)
+            sampled = [self.sample(rows, generated)]
         else:
-            scored, turns = self.sample(s.next_rows(n_prompts), seconds)               # 1-3. [B*G]
-        counts = [turns]
+            sampled = [self.sample(s.next_rows(n_prompts))]                            # 1-3. [B*G]
+        scored = sampled[0].scored
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
-            parts = [scored]
             for _ in range(r.algorithm.max_fill_rounds):
-                have = sum(int((~flat_groups(p)).sum()) for p in parts)
+                have = sum(int((~flat_groups(x.scored)).sum()) for x in sampled)
                 if s.parallel.fewest(have) >= scored.rollouts.num_prompts:
                     break
-                part, turns = self.sample(s.next_rows(n_prompts), seconds)
-                parts.append(part)
-                counts.append(turns)
-            scored = keep_informative(parts, scored.rollouts.num_prompts)
-            info["fill_rounds"] = len(parts) - 1
+                sampled.append(self.sample(s.next_rows(n_prompts)))
+            scored = keep_informative([x.scored for x in sampled], scored.rollouts.num_prompts)
+            info["fill_rounds"] = len(sampled) - 1
+        seconds = {"time/generation": sum((x.generation_s for x in sampled), waited),
+                   "time/rewards": sum(x.rewards_s for x in sampled)}
         self.doing("advantages (every process's rewards gathered)")
         advantages = compute_advantages(s.parallel, scored, r.algorithm, reward_fns=s.reward_fns,   # 4.
                                         max_completion_length=r.generation.max_completion_length)
@@ -199,17 +214,16 @@ class Loop:
         completion_tokens = s.parallel.total(float(rollouts.model_lengths().sum()))  # the model's, as TRL
         prompt_tokens = s.parallel.total(sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
         info.update(logged_metrics(s.parallel, scored.logged_metrics))  # rewards' log_metric
-        info.update(s.turns.metrics(counts) if s.turns is not None else {})  # tools/..., multi_turn/...
+        if s.turns is not None:  # tools/..., multi_turn/...
+            info.update(s.turns.metrics([x.turns for x in sampled]))
         info.update(getattr(s.backend, "metrics", dict)())               # a server fleet's vllm/...
         return Batch(scored, advantages, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
-    def sample(self, rows: list[dict], seconds: dict[str, float],
-               generated: Generated | None = None) -> tuple[Scored, TurnStats | None]:
-        """G completions for each row (generated now unless given), scored; the time taken is added
-        to `seconds`. Multi-turn recipes: the counts of the rollouts' turns and tool calls too (else None)."""
+    def sample(self, rows: list[dict], generated: Generated | None = None) -> Sampled:
+        """G completions for each row (generated now unless given), scored, and the seconds each took."""
         s, r = self.s, self.s.recipe
         g = r.generation.num_generations
-        conversations = None
+        conversations, generation_s = None, 0.0
         if generated is None:
             self.doing("generation")
             t0 = time.perf_counter()
@@ -218,7 +232,7 @@ class Loop:
                 generated = conversations.generated                                   # [B*G]
             else:
                 generated = s.backend.generate([row["prompt_text"] for row in rows], g, self.sampling)  # [B*G]
-            seconds["time/generation"] += time.perf_counter() - t0
+            generation_s = time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
             completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
@@ -230,28 +244,12 @@ class Loop:
         )
         self.doing("rewards")
         t0 = time.perf_counter()
-        scored = self.score(rollouts)
-        seconds["time/rewards"] += time.perf_counter() - t0
-        return scored, conversations.stats if conversations is not None else None
-
-    def score(self, rollouts: Rollouts) -> Scored:
-        """The rewards of the rollouts: the weighted total, each reward's values, errors counted."""
-        s, r = self.s, self.s.recipe
-        column = r.data.prompt_column
         state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
                               num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
-        columns = rollouts.columns(exclude=(column, "prompt_text"))
-        if rollouts.environments is not None:  # TRL's `environments` keyword
-            columns["environments"] = rollouts.environments
-        scores = score(s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
-                       r.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
-                       doing=lambda names: self.doing(f"rewards, calling {names}"))  # named if the process dies
-        total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
-        op = r.algorithm.overlong_penalty
-        if op.buffer_length:
-            total += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
-                                      op.buffer_length, op.penalty)
-        return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
+        scored = score_rollouts(rollouts, s.reward_fns, r, state=state,  # 3. (a process that dies names them)
+                                doing=lambda names: self.doing(f"rewards, calling {names}"))
+        return Sampled(scored, conversations.stats if conversations is not None else None, generation_s,
+                       time.perf_counter() - t0)
 
     # -- phase 5 -------------------------------------------------------------------------
     def prepare(self, batch: Batch) -> list[Slice]:
@@ -311,23 +309,18 @@ class Loop:
         """TRL's SyncRefModelCallback: every ref_sync_steps optimizer steps, ref = a * policy + (1 - a) * ref,
         each tensor once (a tied lm_head too); with a reference server, the server mixes what is sent."""
         s, a = self.s, self.s.recipe.algorithm
-        if s.reference is None or not is_due(a.ref_sync_steps, s.state.step):
-            return
-        if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
-            s.reference.refresh(s.policy, a.ref_sync_alpha)
-        else:  # LoRA: adapters added (each sum computed as the mix reaches it), peft names cleaned; FSDP2: shards
-            with policy_weights(s.policy, parallel=s.parallel) as weights:
-                mix_state(s.reference, weights.state(), a.ref_sync_alpha)
+        if s.reference is not None and is_due(a.ref_sync_steps, s.state.step):
+            refresh_reference(s.reference, s.policy, s.parallel, a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
-    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,
+    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], seconds: dict[str, float], *,
                completion_tokens: float) -> None:
-        """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's
-        (time and the completion tokens generated, so tokens_per_second is the cycle's throughput)."""
+        """The step's metrics.jsonl line: its slice's figures, its phases' seconds (its own, and its share
+        of the cycle's) and its share of the completion tokens generated (so tokens_per_second is the
+        cycle's throughput)."""
         s, r = self.s, self.s.recipe
         p, step = s.parallel, s.state.step
         self.doing("metrics (every process's figures gathered)", done=True)
-        seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
@@ -393,4 +386,4 @@ class Loop:
             self.prefetch.close()
 
 
-__all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]
+__all__ = ["Batch", "Loop", "Sampled", "Slice", "TrainingStopped", "train"]
