@@ -14,7 +14,8 @@
                       activations in host memory with train.activation_offloading)
     7. sync           new weights to the generation backend after the cycle's last update (a colocated
                       engine asleep under vllm.sleep_mode wakes its weights first, then loads them)
-    8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
+    8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint; the
+                      step's StepRecord to an observer where one watches (`grpo bench`: grpocli.trainer.observer)
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
 Scored, Advantages; `Sampled`, `Batch` and `Slice` here; the step's statistics); no phase fills in an
@@ -56,6 +57,7 @@ from grpocli.trainer.metrics import (
     write_rollouts,
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
+from grpocli.trainer.observer import FrozenPasses, Lengths, StepObserver, StepRecord
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import (
@@ -136,12 +138,18 @@ class Slice:
     frozen: Frozen                    # their old-policy / reference log-probs and engine weights
     mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
     seconds: float                    # its frozen log-prob passes
+    passes: int                       # frozen forward passes this process ran: old policy, in-process reference
 
 
 class Loop:
-    def __init__(self, s: Session, stops: StopSignals | None = None) -> None:
+    def __init__(self, s: Session, stops: StopSignals | None = None, *, observer: StepObserver | None = None,
+                 steps_only: bool = False) -> None:
+        """`observer`: told of each step (grpocli.trainer.observer); `steps_only`: no evaluation and no
+        checkpoint between the steps (`grpo bench` times one of each after them)."""
         self.s = s
         self.stops = stops or StopSignals(checkpoint_first=False)  # none installed: signals act as Python's default
+        self.observer, self.steps_only = observer, steps_only
+        self.observed_at = 0.0  # when the previous step was recorded (perf_counter)
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
@@ -159,8 +167,9 @@ class Loop:
 
     def run(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
-        if r.eval.on_start and state.step == 0 and self.evaluation is not None:  # TRL's eval_on_start
-            self.maybe_evaluate(since=-1)
+        if r.eval.on_start and state.step == 0 and self.evaluation is not None and not self.steps_only:
+            self.maybe_evaluate(since=-1)  # TRL's eval_on_start
+        self.observed_at = time.perf_counter()
         while state.step < r.train.steps:
             cycle_start = state.step
             batch = self.generate()                                                   # 1-4
@@ -175,8 +184,11 @@ class Loop:
                 sync = self.sync() if k == len(plan) - 1 else 0.0                     # 7
                 seconds = {**shares, "time/weight_sync": sync, "time/training": stats["time/training"]}  # they add up
                 self.record(batch, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan))  # 8
-            self.maybe_evaluate(since=cycle_start)
-            self.maybe_checkpoint()
+                self.observe(batch, slices, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan),
+                             cycle_steps=len(plan))
+            if not self.steps_only:
+                self.maybe_evaluate(since=cycle_start)
+                self.maybe_checkpoint()
             self.maybe_stop()
         s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
 
@@ -270,16 +282,17 @@ class Loop:
             old = None  # the policy that generated, or the ratio to the engine, needs it
             if moves or correct:
                 old = frozen_logprobs(p, policy, mbs, temperature, chunks)
-            ref = None
+            ref, local_ref = None, False
             if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
                 ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
             elif s.reference is not None:
-                ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks)
+                ref, local_ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks), True
             weights, mismatch = None, {}
             if correct:
                 weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
                 mismatch = mismatch_metrics(p, sums)
-            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0))
+            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0,
+                             passes=(old is not None) + local_ref))
         return out
 
     # -- phases 6-7 ----------------------------------------------------------------------
@@ -346,6 +359,19 @@ class Loop:
         s.show(metrics)
         if r.log.completions_to_print and p.main:  # TRL's num_completions_to_print
             print_completions(step, completion_rows(sl.scored, sl.advantages, r.log.completions_to_print), s.progress)
+
+    def observe(self, batch: Batch, slices: list[Slice], sl: Slice, stats: dict[str, float], seconds: dict[str, float],
+                *, completion_tokens: float, cycle_steps: int) -> None:
+        """The step's StepRecord to the observer, if any (grpocli.trainer.observer)."""
+        if self.observer is None:
+            return
+        wall = time.perf_counter() - self.observed_at
+        self.observer.on_step(StepRecord(
+            step=self.s.state.step, seconds=dict(seconds), wall=wall, completion_tokens=completion_tokens,
+            cycle_steps=cycle_steps, generated=Lengths.of(batch.scored.rollouts, model_only=True),
+            frozen=tuple(FrozenPasses(Lengths.of(x.scored.rollouts, x.advantages.keep), x.passes) for x in slices),
+            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=bool(stats["skipped"])))
+        self.observed_at = time.perf_counter()  # the observer's time is not the next step's
 
     def maybe_evaluate(self, *, since: int) -> None:
         s = self.s
