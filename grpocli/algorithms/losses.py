@@ -22,7 +22,8 @@ definition, as in TRL). What the caller must do (the functions cannot see the ot
     the number of accumulation steps (build `accelerate.Accelerator` with
     `gradient_accumulation_steps=1`, else `accelerator.backward` divides again);
   * DDP / FSDP / DeepSpeed *average* gradients over processes, so back-propagate
-    `contribution * norm.world_size` to get the gradient of the batch loss;
+    `contribution * norm.world_size` to get the gradient of the batch loss (the trainer's
+    parallel strategy does: `Parallel.backward`);
   * the batch loss to log is the sum of contributions, summed (not averaged) across processes.
 """
 

@@ -1,8 +1,12 @@
-"""FLOPs of the passes a GRPO step makes, from the model's config and the step's token counts.
+"""FLOPs of the passes a GRPO step makes, from the model's exact shape and the step's token counts.
 
-A forward pass over one token costs 2 FLOPs per weight of every matrix multiply it meets (the
-attention projections, the MLP, the output head; embeddings and norms are not counted), plus
-attention: 4 * hidden_size FLOPs per layer for every earlier position it attends to (QK^T and
+The shape is `grpo plan`'s (grpocli.planning.shapes.ModelShape: the model built from its config on
+the meta device), so the linear layers are the model's own, whatever its config says of head_dim.
+A forward pass over one token costs 2 FLOPs per weight of every matrix multiply it meets: each
+decoder layer's linear layers (fan_in x fan_out each: the attention projections, whose width is
+num_heads x head_dim and need not be hidden_size, as in Qwen3 or Gemma; the MLP) and the output
+head (hidden_size x vocab_size); embeddings, norms and biases are not counted. Attention adds
+4 * num_heads * head_dim FLOPs per layer for every earlier position a token attends to (QK^T and
 the weighted sum of V, over all heads). Backward is twice the forward when every weight trains
 (gradients of activations and of weights), once with LoRA (activations only: the adapters are
 too small to count). The counts are of the work each pass needs, as grpo does it:
@@ -17,41 +21,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpocli.planning.shapes import ModelShape
+    from grpocli.trainer.observer import Lengths
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes that set a decoder-only transformer's FLOPs."""
+def matmul_weights(shape: ModelShape) -> int:
+    """Weights of the matrix multiplies a token meets: every decoder layer's linear layers, and the head."""
+    per_layer = sum(lin.fan_in * lin.fan_out for lin in shape.layer_linears)
+    return shape.num_layers * per_layer + shape.hidden_size * shape.vocab_size
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    vocab_size: int
 
-    @classmethod
-    def of(cls, config: Any) -> ModelShape:
-        """From a transformers config (Llama, Qwen2, Mistral, ... names)."""
-        heads = config.num_attention_heads
-        return cls(
-            hidden_size=config.hidden_size, num_layers=config.num_hidden_layers, num_heads=heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,
-        )
+def attention_width(shape: ModelShape) -> int:
+    """The width of a layer's queries (and of what attention returns): num_heads x head_dim."""
+    return shape.num_heads * shape.head_dim
 
-    @property
-    def matmul_weights(self) -> int:
-        """Weights of the matrix multiplies a token meets (q, k, v, o, gate, up, down per layer; the head)."""
-        h, head_dim = self.hidden_size, self.hidden_size // self.num_heads
-        kv = self.num_kv_heads * head_dim
-        per_layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate_size
-        return self.num_layers * per_layer + h * self.vocab_size
 
-    def forward(self, tokens: int, attended: int) -> float:
-        """One forward pass over `tokens` tokens that attend to `attended` earlier-or-same positions in all."""
-        return 2.0 * self.matmul_weights * tokens + 4.0 * self.num_layers * self.hidden_size * attended
+def forward_flops(shape: ModelShape, tokens: int, attended: int) -> float:
+    """One forward pass over `tokens` tokens that attend to `attended` earlier-or-same positions in all."""
+    return 2.0 * matmul_weights(shape) * tokens + 4.0 * shape.num_layers * attention_width(shape) * attended
 
 
 @dataclass(frozen=True)
@@ -73,24 +63,29 @@ class GroupTokens:
         return p * (p + 1) // 2 + sum(c * p + c * (c + 1) // 2 for c in self.completions)
 
 
-def group_tokens(prompt_ids: Sequence[Sequence[int]], completion_lengths: Sequence[int],
+def group_tokens(prompt_tokens: Sequence[int], completion_lengths: Sequence[int],
                  keep: Sequence[bool] | None = None) -> list[GroupTokens]:
-    """Groups of a batch: `prompt_ids [B][Tp]`, `completion_lengths [B*G]` (prompt-major), `keep [B*G]`
+    """Groups of a batch: `prompt_tokens [B]`, `completion_lengths [B*G]` (prompt-major), `keep [B*G]`
     (the rows that enter the loss; None: all)."""
-    b = len(prompt_ids)
+    b = len(prompt_tokens)
     g = len(completion_lengths) // max(b, 1)
     out = []
     for i in range(b):
         rows = range(i * g, (i + 1) * g)
         lengths = [int(completion_lengths[k]) for k in rows if keep is None or keep[k]]
         if lengths:
-            out.append(GroupTokens(len(prompt_ids[i]), lengths))
+            out.append(GroupTokens(int(prompt_tokens[i]), lengths))
     return out
+
+
+def groups_of(lengths: Lengths) -> list[GroupTokens]:
+    """The groups of a batch the training loop reported (grpocli.trainer.observer.Lengths)."""
+    return group_tokens(lengths.prompts, lengths.completions, lengths.keep)
 
 
 def passes_flops(shape: ModelShape, groups: Sequence[GroupTokens], *, passes: float = 1.0) -> float:
     """`passes` forward passes (3.0: forward + backward of full training) over the groups."""
-    return passes * sum(shape.forward(grp.tokens, grp.attended) for grp in groups)
+    return passes * sum(forward_flops(shape, grp.tokens, grp.attended) for grp in groups)
 
 
 def training_passes(lora: bool) -> float:

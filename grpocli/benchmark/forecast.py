@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpocli.benchmark.measurement import Measurement, StepRecord
+from grpocli.benchmark.measurement import MeasuredStep, Measurement
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,12 @@ class Forecast:
     lengths: str                   # the correction, in words
 
 
-def measured(records: list[StepRecord]) -> list[StepRecord]:
+def measured(records: list[MeasuredStep]) -> list[MeasuredStep]:
     """The steps that count: all but the warm-up step 1 (when there are others)."""
     return records[1:] if len(records) > 1 else records
 
 
-def step_seconds(records: list[StepRecord], longest: float, trained: float) -> float:
+def step_seconds(records: list[MeasuredStep], longest: float, trained: float) -> float:
     """A step's seconds at `longest` completion tokens (the batch's longest) and `trained` trained tokens."""
     rows = measured(records)
     gen = sum(r.phases["generation"] for r in rows) / max(sum(r.longest_completion for r in rows), 1)

@@ -1,10 +1,13 @@
-"""N real steps of a recipe in this process, every phase clocked: the trainer's own Loop, with the
-step's token counts (for FLOPs) and peak memory taken as each step is recorded.
+"""N real steps of a recipe in this process, every phase clocked: the trainer's own Loop, observed.
 
-Phase seconds are the ones the step writes to metrics.jsonl (time/generation, time/rewards,
-time/logprobs, time/training, time/weight_sync: grpocli.trainer.loop); `other` is the rest of the
-step's wall time (advantages, batching, metrics, rollouts files). Evaluation and checkpoints are
-kept out of the steps and, unless asked not to, measured once each afterwards.
+The loop reports each optimizer step to a `StepMeter` (grpocli.trainer.observer.StepRecord: its
+phase seconds, wall time and the token counts of each pass); the meter turns it into a
+`MeasuredStep` with the step's FLOPs (grpocli.benchmark.flops, from the model's exact shape) and
+the peak memory so far. Phase seconds are the ones the step writes to metrics.jsonl
+(time/generation, time/rewards, time/logprobs, time/training, time/weight_sync); `other` is the
+rest of the step's wall time (advantages, batching, metrics, rollouts files). Evaluation and
+checkpoints are kept out of the steps (`Loop(steps_only=True)`) and, unless asked not to, measured
+once each afterwards.
 """
 
 from __future__ import annotations
@@ -14,18 +17,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpocli.benchmark.flops import ModelShape, group_tokens, passes_flops, training_passes
+from grpocli.benchmark.flops import groups_of, passes_flops, training_passes
 from grpocli.errors import UserError
+from grpocli.planning import ModelShape, shape_of_config
 from grpocli.recipe import Resolved
-from grpocli.reference.client import ReferenceClient
-from grpocli.trainer.loop import Batch, Loop, Slice
+from grpocli.trainer.loop import Loop
+from grpocli.trainer.observer import StepRecord
 from grpocli.trainer.session import Session
 
 PHASES = ("generation", "rewards", "logprobs", "training", "weight_sync", "other")
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class MeasuredStep:
     """One optimizer step as measured (a cycle's once-per-cycle work in equal shares, as metrics.jsonl)."""
 
     step: int
@@ -42,9 +46,9 @@ class StepRecord:
 
 @dataclass
 class Measurement:
-    steps: list[StepRecord]
+    steps: list[MeasuredStep]
     startup_s: float                # from the command's start to the first step's start
-    shape: ModelShape
+    shape: ModelShape | None        # grpo plan's shape of the policy (None: not known)
     parameters: int
     dtype: str
     device: str
@@ -55,71 +59,36 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
 
 
-class BenchLoop(Loop):
-    """The trainer's Loop, unchanged, with each step's tokens, FLOPs, time and memory noted."""
+def measured_step(record: StepRecord, shape: ModelShape, *, lora: bool, peak: int) -> MeasuredStep:
+    """What the loop reported of one step, with its FLOPs: the cycle's generation and frozen log-prob
+    passes in equal shares over its steps, the step's own training passes (none for a skipped update)."""
+    generated = groups_of(record.generated)
+    trained = groups_of(record.trained)
+    frozen = sum(passes_flops(shape, groups_of(f.lengths), passes=f.passes) for f in record.frozen)
+    flops = {"generation": passes_flops(shape, generated) / record.cycle_steps,
+             "logprobs": frozen / record.cycle_steps,
+             "training": 0.0 if record.skipped else passes_flops(shape, trained, passes=training_passes(lora))}
+    s = record.seconds
+    phases = {"generation": s["time/generation"], "rewards": s["time/rewards"], "logprobs": s["time/logprobs"],
+              "training": s["time/training"], "weight_sync": s["time/weight_sync"], "other": record.other}
+    lengths = record.generated.completions
+    return MeasuredStep(
+        step=record.step, seconds=record.wall, phases=phases, completion_tokens=record.completion_tokens,
+        longest_completion=max(lengths, default=0), mean_completion=sum(lengths) / max(len(lengths), 1),
+        trained_tokens=sum(grp.tokens for grp in trained),
+        trained_completion_tokens=sum(sum(grp.completions) for grp in trained), flops=flops, peak_memory=peak)
 
-    def __init__(self, s: Session, shape: ModelShape) -> None:
-        super().__init__(s)
-        self.shape, self.records = shape, []
-        self._cycle: dict[str, Any] = {}
-        self._train_flops = 0.0
-        self._last = time.perf_counter()
 
-    def generate(self) -> Batch:
-        batch = super().generate()
-        r = batch.scored.rollouts
-        lengths = [int(n) for n in r.model_lengths().tolist()]
-        groups = group_tokens(r.prompt_ids, lengths)
-        self._cycle = {"generation": passes_flops(self.shape, groups), "longest": max(lengths, default=0),
-                       "mean": sum(lengths) / max(len(lengths), 1)}
-        return batch
+class StepMeter:
+    """Watches the training loop (a grpocli.trainer.observer.StepObserver): each step it reports,
+    measured, with the peak memory after it."""
 
-    def prepare(self, batch: Batch) -> list[Slice]:
-        slices = super().prepare(batch)
-        s, r = self.s, self.s.recipe
-        frozen, trained = 0.0, {}
-        for sl in slices:
-            groups = group_tokens(sl.scored.rollouts.prompt_ids, sl.scored.rollouts.completion_lengths().tolist(),
-                                  sl.advantages.keep.tolist())
-            local_ref = sl.frozen.ref_logp is not None and not isinstance(s.reference, ReferenceClient)
-            frozen += passes_flops(self.shape, groups, passes=(sl.frozen.old_logp is not None) + local_ref)
-            trained[id(sl)] = groups
-        steps = min(len(slices) * r.algorithm.num_iterations, r.train.steps - s.state.step)
-        self._cycle.update(logprobs=frozen, steps=max(steps, 1), trained=trained)
-        return slices
+    def __init__(self, shape: ModelShape, policy: Any, *, lora: bool) -> None:
+        self.shape, self.policy, self.lora = shape, policy, lora
+        self.steps: list[MeasuredStep] = []
 
-    def update(self, sl: Slice) -> dict[str, float]:
-        stats = super().update(sl)
-        groups = self._cycle["trained"].get(id(sl), [])
-        lora = self.s.recipe.model.lora.enabled
-        self._train_flops = 0.0 if stats.get("skipped") else passes_flops(self.shape, groups,
-                                                                           passes=training_passes(lora))
-        self._trained = (sum(grp.tokens for grp in groups), sum(sum(grp.completions) for grp in groups))
-        return stats
-
-    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,
-               completion_tokens: float) -> None:
-        super().record(batch, sl, stats, shares, completion_tokens=completion_tokens)
-        now, c = time.perf_counter(), self._cycle
-        phases = {"generation": shares["time/generation"], "rewards": shares["time/rewards"],
-                  "logprobs": shares["time/logprobs"], "training": stats["time/training"],
-                  "weight_sync": shares["time/weight_sync"]}
-        seconds = now - self._last
-        phases["other"] = max(seconds - sum(phases.values()), 0.0)
-        flops = {"generation": c["generation"] / c["steps"], "logprobs": c["logprobs"] / c["steps"],
-                 "training": self._train_flops}
-        self.records.append(StepRecord(
-            step=self.s.state.step, seconds=seconds, phases=phases, completion_tokens=completion_tokens,
-            longest_completion=c["longest"], mean_completion=c["mean"], trained_tokens=self._trained[0],
-            trained_completion_tokens=self._trained[1],
-            flops=flops, peak_memory=peak_memory(self.s.policy)[0]))
-        self._last = time.perf_counter()
-
-    def maybe_evaluate(self, *, since: int) -> None:  # measured once, after the steps
-        pass
-
-    def maybe_checkpoint(self, *, now: bool = False) -> None:  # measured once, after the steps
-        pass
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append(measured_step(record, self.shape, lora=self.lora, peak=peak_memory(self.policy)[0]))
 
 
 def peak_memory(model: Any) -> tuple[int, str]:
@@ -164,18 +133,20 @@ def measure(resolved: Resolved, *, started: float, extras: bool = True, forced: 
     s = Session.open(resolved)
     loop = None
     try:
-        policy = s.policy
-        shape = ModelShape.of(policy.config)
+        policy, r = s.policy, s.recipe
+        shape = shape_of_config(policy.config, source="the policy's config",
+                                trust_remote_code=r.model.trust_remote_code)
         if forced:
             force_lengths(s)
-        loop = BenchLoop(s, shape)
+        meter = StepMeter(shape, policy, lora=r.model.lora.enabled)
+        loop = Loop(s, observer=meter, steps_only=True)
         startup = time.perf_counter() - started
-        loop._last = time.perf_counter()
         loop.run()
         p = next(policy.parameters())
-        m = Measurement(steps=loop.records, startup_s=startup, shape=shape,
-                        parameters=sum(x.numel() for x in policy.parameters()), dtype=str(p.dtype).removeprefix("torch."),
-                        device=str(p.device), memory_kind=peak_memory(policy)[1],
+        m = Measurement(steps=meter.steps, startup_s=startup, shape=shape,
+                        parameters=sum(x.numel() for x in policy.parameters()),
+                        dtype=str(p.dtype).removeprefix("torch."), device=str(p.device),
+                        memory_kind=peak_memory(policy)[1],
                         backend=type(s.backend).__name__)
         if extras and loop.evaluation is not None:
             t0 = time.perf_counter()
@@ -183,7 +154,7 @@ def measure(resolved: Resolved, *, started: float, extras: bool = True, forced: 
             m.evaluation_s = time.perf_counter() - t0
         if extras:
             t0 = time.perf_counter()
-            Loop.maybe_checkpoint(loop, now=True)
+            loop.maybe_checkpoint(now=True)
             m.checkpoint_s = time.perf_counter() - t0
         return m
     finally:

@@ -21,7 +21,7 @@ from grpocli.recipe.bounds import MIN_TEMPERATURE
 from grpocli.rewards import Scores, reward_metrics, score
 
 if TYPE_CHECKING:
-    from grpocli.generation.base import Sampling
+    from grpocli.generation.base import GenerationBackend, Sampling
     from grpocli.recipe.eval_section import EvalSection
     from grpocli.recipe.schema import Recipe
     from grpocli.rewards import RewardFn
@@ -94,8 +94,8 @@ class EvalResult:
 
 
 def sample_and_score(
-    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list[RewardFn], settings: EvalSettings,
-    sampling: Sampling, *, prompt_column: str = "prompt", combination: str = "sum",
+    backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list[RewardFn],
+    settings: EvalSettings, sampling: Sampling, *, prompt_column: str = "prompt", combination: str = "sum",
     indices: Sequence[int] | None = None, state: Any = None, turns: Any = None,
 ) -> list[dict[str, Any]]:
     """Records of N completions for each rendered row (rows carry ``prompt_text``), scored;
@@ -185,7 +185,7 @@ def summarize(samples: list[dict[str, Any]], settings: EvalSettings) -> dict[str
 
 
 def evaluate(
-    backend: Any, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
+    backend: GenerationBackend, tokenizer: Any, rows: list[dict[str, Any]], reward_fns: list, settings: EvalSettings,
     sampling: Any, *, prompt_column: str = "prompt", combination: str = "sum",
 ) -> EvalResult:
     """Sample, score and summarize in one go (one process)."""

@@ -31,7 +31,7 @@ from grpocli.parallel import Parallel
 from grpocli.rewards import RewardFn
 
 if TYPE_CHECKING:
-    from grpocli.generation.base import Sampling
+    from grpocli.generation.base import GenerationBackend, Sampling
     from grpocli.recipe.schema import Recipe
 
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 class PeriodicEval:
     recipe: Recipe
     tokenizer: Any
-    backend: Any              # the training run's generation backend (generate)
+    backend: GenerationBackend  # the training run's generation backend
     reward_fns: list[RewardFn]
     parallel: Parallel        # the training processes (Parallel.alone(): one)
     run_root: Path | None     # where eval/step-N-<split>/ is written (None: nowhere)
@@ -56,8 +56,8 @@ class PeriodicEval:
         return self.recipe.eval.split_for(self.recipe.data.eval_split)
 
     @classmethod
-    def open(cls, recipe: Recipe, *, tokenizer: Any, backend: Any, reward_fns: list[RewardFn], parallel: Parallel,
-             run_root: Path | None, turns: Any = None) -> PeriodicEval | None:
+    def open(cls, recipe: Recipe, *, tokenizer: Any, backend: GenerationBackend, reward_fns: list[RewardFn],
+             parallel: Parallel, run_root: Path | None, turns: Any = None) -> PeriodicEval | None:
         """Load and render this process's eval prompts; None when eval.every is 0. ``turns``: the
         training run's turn loop, so that a multi-turn recipe is evaluated as it trains."""
         ev = recipe.eval

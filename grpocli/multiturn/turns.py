@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
-from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.base import Generated, GenerationBackend, Sampling
 from grpocli.multiturn.execution import Outcome, run_turn
 from grpocli.multiturn.parsers import TOOL_CALL_PARSERS, ToolCall
 from grpocli.multiturn.template import ToolTurns, render_with_tools
@@ -133,7 +133,8 @@ class TurnLoop:
                 summed.add(c)
         return summed.metrics(self.parallel.total)
 
-    def sample(self, backend: Any, rows: list[dict[str, Any]], n: int, sampling: Sampling) -> Conversations:
+    def sample(self, backend: GenerationBackend, rows: list[dict[str, Any]], n: int,
+               sampling: Sampling) -> Conversations:
         """n multi-turn rollouts of each row, prompt-major, every live rollout generating at once."""
         envs = [self.toolbox.new_environment() for _ in range(len(rows) * n)]
         prompt_ids = self.prompts(rows, envs, n)

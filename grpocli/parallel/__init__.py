@@ -3,7 +3,7 @@
     strategy.py   Parallel: one process, or DDP over several; what every strategy answers
     fsdp2.py      Fsdp2: torch's fully_shard over every process (train.sharding = "fsdp2")
     deepspeed.py  DeepSpeed: ZeRO-2 / ZeRO-3 from accelerate's DeepSpeed config
-    adapters.py   the LoRA adapters of an FSDP2 policy, in checkpoints
+    adapters.py   a LoRA policy's adapter tensors, under peft's names and the model's (FSDP2 checkpoints)
     status.py     what each process is doing, for a collective that waits too long
     trackers.py   log.report_to: Accelerate's trackers with TRL's key names and project variables
 

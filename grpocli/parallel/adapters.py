@@ -1,20 +1,17 @@
-"""LoRA adapters of an FSDP2 policy, written and read as an unsharded run writes and reads them.
+"""A LoRA policy's adapters: which tensors they are, under peft's checkpoint names and the model's.
 
 A peft model's checkpoint holds its adapters only (adapter_model.safetensors, under peft's names:
 `...q_proj.lora_A.weight`, without the adapter name `default`). Under FSDP2 every tensor is a
 DTensor shard, and peft's own `set_peft_model_state_dict` loads plain tensors into them (which
-torch refuses), so grpo maps peft's names to the model's state-dict names itself: the checkpoint
-gathers those tensors only (one at a time, never the base weights), and resume hands each process
-the whole adapter tensors, of which it keeps its shard.
+torch refuses), so grpo maps peft's names to the model's state-dict names itself (`adapter_names`):
+the FSDP2 checkpoint gathers those tensors only (one at a time, never the base weights), and
+resume hands each process the whole adapter tensors, of which it keeps its shard
+(grpocli.parallel.fsdp2: `full_adapter_state`, `load_full_adapter_state`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
-
-from grpocli.parallel.fsdp2 import full_tensor, load_full_state
 
 
 def is_peft(model: Any) -> bool:
@@ -37,35 +34,4 @@ def adapter_names(model: Any) -> dict[str, str]:
     return {name: name_of[id(tensor)] for name, tensor in saved.items()}
 
 
-def full_adapter_state(model: Any, keep: bool) -> dict[str, torch.Tensor]:
-    """The adapter tensors, whole, on the CPU, under the model's state-dict names (what peft's
-    `save_pretrained(state_dict=...)` takes); every process calls it (each gather is a collective),
-    the ones with `keep` False get {}."""
-    state = model.state_dict()
-    chosen = set(adapter_names(model).values())
-    chosen_ids = {id(state[name]) for name in chosen}
-    out: dict[str, torch.Tensor] = {}
-    seen: dict[int, torch.Tensor | None] = {}  # tied tensors (a saved embedding and lm_head): gathered once
-    for name, tensor in state.items():  # every name of a chosen tensor: peft picks among them itself
-        if id(tensor) not in chosen_ids:
-            continue
-        if id(tensor) not in seen:
-            seen[id(tensor)] = full_tensor(tensor.detach(), keep)
-        if keep:
-            out[name] = seen[id(tensor)]
-    return out
-
-
-def load_full_adapter_state(model: Any, saved: dict[str, torch.Tensor]) -> None:
-    """Load an adapter checkpoint's tensors (peft's names, whole; every process read them) into a
-    sharded peft model; a RuntimeError when they are not this model's adapters."""
-    names = adapter_names(model)
-    missing = sorted(set(names) - set(saved))
-    unexpected = sorted(set(saved) - set(names))
-    if missing or unexpected:
-        raise RuntimeError(f"the adapter checkpoint does not fit the model: missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]}")
-    load_full_state(model, {names[name]: tensor for name, tensor in saved.items()})
-
-
-__all__ = ["adapter_names", "full_adapter_state", "is_peft", "load_full_adapter_state"]
+__all__ = ["adapter_names", "is_peft"]

@@ -88,12 +88,17 @@ class DeepSpeed(Parallel):
         super().__init__(accelerator)
         self.plugin = accelerator.state.deepspeed_plugin
         self.stage = _stage(self.plugin)
+        self.sharding = f"zero{self.stage}"  # grpo plan's name: "zero2", "zero3"
         self.forward_collective = self.stage == 3
         self.configure(recipe)
 
     @property
     def precision(self) -> str:
         return self.accelerator.mixed_precision  # DeepSpeed's own bf16/fp16, not autocast
+
+    @property
+    def recipe_sharding(self) -> str:
+        return "none"  # ZeRO comes from accelerate's config, which train.sharding does not name
 
     def configure(self, recipe: Recipe) -> None:
         """Fill accelerate's DeepSpeed config from the recipe before `prepare`; UserError for

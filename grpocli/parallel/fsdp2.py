@@ -16,7 +16,7 @@ What sharding changes, as `Fsdp2` answers it (grpocli.parallel.strategy.Parallel
   `synced_gpus`, which it turns on for a module marked `_is_fsdp_managed_module` (set here).
 * Full weights exist only while gathered: checkpoints and weight syncs gather one tensor at a
   time (`full_tensor`); the main process keeps what it writes or sends (on the CPU). A LoRA
-  policy's checkpoint gathers its adapters only (grpocli.parallel.adapters).
+  policy's checkpoint gathers its adapters only (named by grpocli.parallel.adapters).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 from grpocli.errors import UserError
-from grpocli.parallel.strategy import Parallel, keep_logits_dtype, load_reference
+from grpocli.parallel.adapters import adapter_names, is_peft
+from grpocli.parallel.strategy import REFERENCE, Parallel, keep_logits_dtype, load_reference
 
 FSDP2 = "fsdp2"
 
@@ -76,7 +77,6 @@ class Fsdp2(Parallel):
     # -- checkpoints: the same files as unsharded, gathered a tensor at a time ---------------
     def save_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
         from grpocli.models.files import save_pretrained_quietly
-        from grpocli.parallel.adapters import full_adapter_state, is_peft
 
         model, main = self.unwrap(model), self.main
         weights = full_adapter_state(model, keep=main) if is_peft(model) else full_state(model, keep=main)
@@ -92,14 +92,11 @@ class Fsdp2(Parallel):
             if main:
                 from safetensors.torch import save_file
 
-                from grpocli.parallel.strategy import REFERENCE
-
                 save_file(untied(ref), str(folder / "trainer" / REFERENCE))
 
     def load_weights(self, folder: Path, *, model: Any, optimizer: Any, reference: Any) -> None:
         """Every process reads the whole files and keeps its shard."""
         from grpocli.models.files import read_weights
-        from grpocli.parallel.adapters import is_peft, load_full_adapter_state
 
         model = self.unwrap(model)
         optim = torch.load(folder / "trainer" / "optimizer.pt", map_location="cpu", weights_only=False)
@@ -247,10 +244,42 @@ def load_full_optimizer_state(model: Any, optimizer: Any, state: dict[str, Any])
     set_optimizer_state_dict(model, _inner(optimizer), state, options=StateDictOptions(full_state_dict=True))
 
 
+def full_adapter_state(model: Any, keep: bool) -> dict[str, torch.Tensor]:
+    """The adapter tensors, whole, on the CPU, under the model's state-dict names (what peft's
+    `save_pretrained(state_dict=...)` takes); every process calls it (each gather is a collective),
+    the ones with `keep` False get {}."""
+    state = model.state_dict()
+    chosen = set(adapter_names(model).values())
+    chosen_ids = {id(state[name]) for name in chosen}
+    out: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor | None] = {}  # tied tensors (a saved embedding and lm_head): gathered once
+    for name, tensor in state.items():  # every name of a chosen tensor: peft picks among them itself
+        if id(tensor) not in chosen_ids:
+            continue
+        if id(tensor) not in seen:
+            seen[id(tensor)] = full_tensor(tensor.detach(), keep)
+        if keep:
+            out[name] = seen[id(tensor)]
+    return out
+
+
+def load_full_adapter_state(model: Any, saved: dict[str, torch.Tensor]) -> None:
+    """Load an adapter checkpoint's tensors (peft's names, whole; every process read them) into a
+    sharded peft model; a RuntimeError when they are not this model's adapters."""
+    names = adapter_names(model)
+    missing = sorted(set(names) - set(saved))
+    unexpected = sorted(set(saved) - set(names))
+    if missing or unexpected:
+        raise RuntimeError(f"the adapter checkpoint does not fit the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+    load_full_state(model, {names[name]: tensor for name, tensor in saved.items()})
+
+
 def _inner(optimizer: Any) -> Any:
     """The torch optimizer inside accelerate's AcceleratedOptimizer."""
     return getattr(optimizer, "optimizer", optimizer)
 
 
-__all__ = ["FSDP2", "Fsdp2", "full_optimizer_state", "full_state", "full_tensor", "load_full_optimizer_state",
-           "load_full_state", "mark", "shard", "sharding_of", "untied"]
+__all__ = ["FSDP2", "Fsdp2", "full_adapter_state", "full_optimizer_state", "full_state", "full_tensor",
+           "load_full_adapter_state", "load_full_optimizer_state", "load_full_state", "mark", "shard", "sharding_of",
+           "untied"]

@@ -46,12 +46,19 @@ class Parallel:
     forward_collective = False
     #: Every backward pass reduces gradients (a collective): FSDP2, DeepSpeed.
     backward_collective = False
-    #: What config.resolved.toml records as train.sharding.
+    #: How the processes hold the policy, as `grpo plan` names it: "none" (one process, DDP: a whole
+    #: copy each), "fsdp2", "zero2", "zero3".
     sharding = "none"
 
     def __init__(self, accelerator: Any) -> None:
         self.accelerator = accelerator  # None: one process without accelerate (Parallel.alone)
         self.activity: tuple[int, str, float] | None = None  # (step, what, since): `doing`
+
+    @property
+    def recipe_sharding(self) -> str:
+        """What config.resolved.toml records as train.sharding: this strategy's `sharding`, where the
+        recipe can name it ("none", "fsdp2")."""
+        return self.sharding
 
     @classmethod
     def alone(cls) -> Parallel:
@@ -168,6 +175,15 @@ class Parallel:
         reduces only after a forward through its wrapper; a backward without one skips the
         all-reduce, and the next collective then waits forever)."""
         return idle_forward(model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's loss, scaled by the number of processes: DDP, FSDP2 and
+        DeepSpeed average the gradients over them, and the loss is already this process's share of
+        the whole batch's (grpocli.algorithms.losses), so the average would divide it again."""
+        if self.accelerator is None:
+            loss.backward()
+            return
+        self.accelerator.backward(loss * self.size)
 
     @contextmanager
     def accumulating(self, model: Any, last: bool) -> Iterator[None]:

@@ -2,7 +2,8 @@
 config and the recipe alone (no weights are loaded).
 
     shapes.py   the model's shape (ModelShape): from config.json, [model.tiny], a packaged or
-                GGUF model's metadata; parameter counts exact (the model built on the meta device)
+                GGUF model's metadata, or a live model's config; parameter counts and linear layers
+                exact (the model built on the meta device); `grpo bench` counts FLOPs from it too
     memory.py   the per-phase byte counts (generation, log-prob passes, training) as plain
                 functions returning immutable `Phase` values
     plan.py     the plan of a recipe: the phases, the peak, whether it fits, the largest
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from grpocli.planning.memory import Phase, Settings
 from grpocli.planning.plan import Plan, check_fits, make_plan
-from grpocli.planning.shapes import ModelShape, shape_of
+from grpocli.planning.shapes import ModelShape, shape_of, shape_of_config
 
-__all__ = ["ModelShape", "Phase", "Plan", "Settings", "check_fits", "make_plan", "shape_of"]
+__all__ = ["ModelShape", "Phase", "Plan", "Settings", "check_fits", "make_plan", "shape_of",
+           "shape_of_config"]

@@ -10,6 +10,7 @@ and odd layers count as they are.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -76,13 +77,13 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
     directory holding one) when given; a UserError naming the path when it cannot be read."""
     if config is not None:
         path, cfg = _config_file(config)
-        return _shape(cfg, source=path, trust_remote_code=model.trust_remote_code, where="grpo plan --config")
+        return shape_of_config(cfg, source=path, trust_remote_code=model.trust_remote_code, where="grpo plan --config")
     name = model.name_or_path
     if name == "tiny":
         from grpocli.models import build_char_tokenizer, tiny_config
 
         cfg = tiny_config(model.tiny, build_char_tokenizer(vocab_size=model.tiny.vocab_size))
-        return _shape(cfg, source="[model.tiny]", trust_remote_code=False, where="model.tiny")
+        return shape_of_config(cfg, source="[model.tiny]", trust_remote_code=False, where="model.tiny")
     from grpocli.models.source import resolve
 
     source = resolve(name, key="model.name_or_path", gguf=True, hub=False)
@@ -102,7 +103,7 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
             hint="give the config yourself: grpo plan RECIPE --config PATH/config.json (the model's config.json "
             "from its hub page)",
         ) from None
-    return _shape(cfg, source=where, trust_remote_code=model.trust_remote_code, where="model.name_or_path")
+    return shape_of_config(cfg, source=where, trust_remote_code=model.trust_remote_code, where="model.name_or_path")
 
 
 def _config_file(config: str) -> tuple[str, Any]:
@@ -134,7 +135,11 @@ def _config_file(config: str) -> tuple[str, Any]:
                         hint="upgrade transformers if the architecture is new") from None
 
 
-def _shape(cfg: Any, *, source: str, trust_remote_code: bool, where: str) -> ModelShape:
+def shape_of_config(cfg: Any, *, source: str, trust_remote_code: bool = False,
+                    where: str = "model.name_or_path") -> ModelShape:
+    """The shape of a transformers config (a live model's own `config` too: it is not changed), from
+    the model it describes built on the meta device; a UserError at `where` naming `source` when it
+    is not a decoder-only causal language model's."""
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     missing = [k for k in NEEDED if getattr(text, k, None) is None]
     if missing:
@@ -170,8 +175,8 @@ def _meta_model(cfg: Any, *, source: str, trust_remote_code: bool, where: str) -
     from transformers import AutoModelForCausalLM
 
     try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):  # a copy: from_config may set attributes (attention implementation, dtype)
+            return AutoModelForCausalLM.from_config(copy.deepcopy(cfg), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
         raise UserError(f"the config of {source} does not describe a causal language model transformers can "
                         f"build: {_first_line(err)}", where=where,

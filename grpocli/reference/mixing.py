@@ -3,7 +3,8 @@
 A tied lm_head (the same tensor as embed_tokens) is mixed once, as TRL's loop over
 ``parameters()`` does; walking ``state_dict()`` naively mixes it twice (for alpha < 1 that gives
 ``ref = alpha * (2 - alpha) * policy + (1 - alpha)**2 * ref``). The in-process refresh
-(grpocli.trainer.loop) and `grpo ref-serve` (grpocli.reference.host) both call ``mix_tensor``.
+(`refresh_reference`, which the training loop calls) and `grpo ref-serve` (grpocli.reference.host)
+both call ``mix_tensor``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import torch
 
-from grpocli.generation.weights import PolicyWeights
+from grpocli.generation.weights import PolicyWeights, policy_weights
 from grpocli.parallel import Parallel
+from grpocli.reference.client import ReferenceClient
 
 
 def reference_tensors(model: Any) -> PolicyWeights:
@@ -45,4 +47,14 @@ def mix_state(reference: Any, policy: Mapping[str, torch.Tensor], alpha: float) 
         mix_tensor(tensor, policy[name], alpha)
 
 
-__all__ = ["mix_state", "mix_tensor", "reference_tensors"]
+def refresh_reference(reference: Any, policy: Any, parallel: Parallel, alpha: float) -> None:
+    """ref = alpha * policy + (1 - alpha) * ref, each tensor once (a tied lm_head too); with a
+    reference server (a ReferenceClient), the server mixes what is sent."""
+    if isinstance(reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
+        reference.refresh(policy, alpha)
+        return
+    with policy_weights(policy, parallel=parallel) as weights:  # LoRA: adapters added (each sum computed
+        mix_state(reference, weights.state(), alpha)            # as the mix reaches it); FSDP2: shards
+
+
+__all__ = ["mix_state", "mix_tensor", "reference_tensors", "refresh_reference"]

@@ -2,6 +2,7 @@
 
     loop.py            the training loop, read top to bottom: numbered phases, one generation cycle at a time
     rollouts.py        what one cycle hands from phase to phase (Rollouts, Scored, Advantages)
+    observer.py        StepObserver and StepRecord: what the loop tells an observer (grpo bench) of each step
     batching.py        micro-batches of the sequences that enter the loss
     step.py            one optimizer step: the named loss, KL, aggregation, backward, update
     mismatch.py        engine log-probs into the loss: importance weights and their metrics

@@ -4,6 +4,7 @@
     2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
                       turn loop of grpocli.multiturn.turns, tools run between the model's turns)
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
+                      (`rollouts.score_rollouts`)
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
                       `rollouts.compute_advantages`); groups without reward spread marked
     5. slices         steps_per_generation Slices: the optimizer batch's micro-batches and the
@@ -13,10 +14,11 @@
                       activations in host memory with train.activation_offloading)
     7. sync           new weights to the generation backend after the cycle's last update (a colocated
                       engine asleep under vllm.sleep_mode wakes its weights first, then loads them)
-    8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint
+    8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint; the
+                      step's StepRecord to an observer where one watches (`grpo bench`: grpocli.trainer.observer)
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
-Scored, Advantages; `Batch` and `Slice` here; the step's statistics); no phase fills in an
+Scored, Advantages; `Sampled`, `Batch` and `Slice` here; the step's statistics); no phase fills in an
 earlier one's value. The run's counters are `Session.state` (grpocli.trainer.session.RunState), and
 the processes are asked through `Session.parallel` (grpocli.parallel).
 """
@@ -31,17 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpocli.algorithms.advantages import overlong_penalty
 from grpocli.algorithms.packing import choose_layout
 from grpocli.errors import Stopped
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
-from grpocli.generation.weights import policy_weights
 from grpocli.parallel.trackers import prefixed
 from grpocli.recipe import Resolved
 from grpocli.reference.client import ReferenceClient
-from grpocli.reference.mixing import mix_state
-from grpocli.rewards import score
+from grpocli.reference.mixing import refresh_reference
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
 from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
@@ -58,9 +57,18 @@ from grpocli.trainer.metrics import (
     write_rollouts,
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
+from grpocli.trainer.observer import FrozenPasses, Lengths, StepObserver, StepRecord
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
-from grpocli.trainer.rollouts import Advantages, Rollouts, Scored, compute_advantages, flat_groups, keep_informative
+from grpocli.trainer.rollouts import (
+    Advantages,
+    Rollouts,
+    Scored,
+    compute_advantages,
+    flat_groups,
+    keep_informative,
+    score_rollouts,
+)
 from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
@@ -99,6 +107,16 @@ def _train(resolved: Resolved, stops: StopSignals) -> None:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """Phases 1-3 over one set of prompts (a DAPO fill round is another) and what they took."""
+
+    scored: Scored                # [B*G] the rollouts, with their rewards
+    turns: TurnStats | None       # multi-turn: the rollouts' turn and tool-call counts; else None
+    generation_s: float           # generating them (0 when generated ahead: the wait is the batch's)
+    rewards_s: float              # scoring them
+
+
+@dataclass(frozen=True)
 class Batch:
     """One generation batch (phases 1-4) and what it took."""
 
@@ -120,12 +138,18 @@ class Slice:
     frozen: Frozen                    # their old-policy / reference log-probs and engine weights
     mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
     seconds: float                    # its frozen log-prob passes
+    passes: int                       # frozen forward passes this process ran: old policy, in-process reference
 
 
 class Loop:
-    def __init__(self, s: Session, stops: StopSignals | None = None) -> None:
+    def __init__(self, s: Session, stops: StopSignals | None = None, *, observer: StepObserver | None = None,
+                 steps_only: bool = False) -> None:
+        """`observer`: told of each step (grpocli.trainer.observer); `steps_only`: no evaluation and no
+        checkpoint between the steps (`grpo bench` times one of each after them)."""
         self.s = s
         self.stops = stops or StopSignals(checkpoint_first=False)  # none installed: signals act as Python's default
+        self.observer, self.steps_only = observer, steps_only
+        self.observed_at = 0.0  # when the previous step was recorded (perf_counter)
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
@@ -143,8 +167,9 @@ class Loop:
 
     def run(self) -> None:
         s, r, state = self.s, self.s.recipe, self.s.state
-        if r.eval.on_start and state.step == 0 and self.evaluation is not None:  # TRL's eval_on_start
-            self.maybe_evaluate(since=-1)
+        if r.eval.on_start and state.step == 0 and self.evaluation is not None and not self.steps_only:
+            self.maybe_evaluate(since=-1)  # TRL's eval_on_start
+        self.observed_at = time.perf_counter()
         while state.step < r.train.steps:
             cycle_start = state.step
             batch = self.generate()                                                   # 1-4
@@ -157,10 +182,13 @@ class Loop:
                 state.num_tokens += batch.num_tokens if k == 0 else 0
                 self.maybe_refresh_reference()
                 sync = self.sync() if k == len(plan) - 1 else 0.0                     # 7
-                self.record(batch, sl, stats, {**shares, "time/weight_sync": sync},       # 8
-                            completion_tokens=batch.completion_tokens / len(plan))
-            self.maybe_evaluate(since=cycle_start)
-            self.maybe_checkpoint()
+                seconds = {**shares, "time/weight_sync": sync, "time/training": stats["time/training"]}  # they add up
+                self.record(batch, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan))  # 8
+                self.observe(batch, slices, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan),
+                             cycle_steps=len(plan))
+            if not self.steps_only:
+                self.maybe_evaluate(since=cycle_start)
+                self.maybe_checkpoint()
             self.maybe_stop()
         s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
 
@@ -169,28 +197,27 @@ class Loop:
         """B prompts, G completions each, scored; advantages over every process's groups."""
         s, r = self.s, self.s.recipe
         n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
-        seconds = {"time/generation": 0.0, "time/rewards": 0.0}
         info: dict[str, float] = {}
+        waited = 0.0
         if self.prefetch:  # generated while the previous batches trained
             t0 = time.perf_counter()
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
-            seconds["time/generation"] = time.perf_counter() - t0  # the wait, not the overlap
+            waited = time.perf_counter() - t0  # the wait, not the overlap
             info["generation/staleness"] = s.state.step - generated_at
-            scored, turns = self.sample(rows, seconds, generated)
+            sampled = [self.sample(rows, generated)]
         else:
-            scored, turns = self.sample(s.next_rows(n_prompts), seconds)               # 1-3. [B*G]
-        counts = [turns]
+            sampled = [self.sample(s.next_rows(n_prompts))]                            # 1-3. [B*G]
+        scored = sampled[0].scored
         if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
-            parts = [scored]
             for _ in range(r.algorithm.max_fill_rounds):
-                have = sum(int((~flat_groups(p)).sum()) for p in parts)
+                have = sum(int((~flat_groups(x.scored)).sum()) for x in sampled)
                 if s.parallel.fewest(have) >= scored.rollouts.num_prompts:
                     break
-                part, turns = self.sample(s.next_rows(n_prompts), seconds)
-                parts.append(part)
-                counts.append(turns)
-            scored = keep_informative(parts, scored.rollouts.num_prompts)
-            info["fill_rounds"] = len(parts) - 1
+                sampled.append(self.sample(s.next_rows(n_prompts)))
+            scored = keep_informative([x.scored for x in sampled], scored.rollouts.num_prompts)
+            info["fill_rounds"] = len(sampled) - 1
+        seconds = {"time/generation": sum((x.generation_s for x in sampled), waited),
+                   "time/rewards": sum(x.rewards_s for x in sampled)}
         self.doing("advantages (every process's rewards gathered)")
         advantages = compute_advantages(s.parallel, scored, r.algorithm, reward_fns=s.reward_fns,   # 4.
                                         max_completion_length=r.generation.max_completion_length)
@@ -199,17 +226,16 @@ class Loop:
         completion_tokens = s.parallel.total(float(rollouts.model_lengths().sum()))  # the model's, as TRL
         prompt_tokens = s.parallel.total(sum(len(p) for p in rollouts.prompt_ids) * rollouts.group_size)
         info.update(logged_metrics(s.parallel, scored.logged_metrics))  # rewards' log_metric
-        info.update(s.turns.metrics(counts) if s.turns is not None else {})  # tools/..., multi_turn/...
+        if s.turns is not None:  # tools/..., multi_turn/...
+            info.update(s.turns.metrics([x.turns for x in sampled]))
         info.update(getattr(s.backend, "metrics", dict)())               # a server fleet's vllm/...
         return Batch(scored, advantages, seconds, info, int(prompt_tokens + completion_tokens), completion_tokens)
 
-    def sample(self, rows: list[dict], seconds: dict[str, float],
-               generated: Generated | None = None) -> tuple[Scored, TurnStats | None]:
-        """G completions for each row (generated now unless given), scored; the time taken is added
-        to `seconds`. Multi-turn recipes: the counts of the rollouts' turns and tool calls too (else None)."""
+    def sample(self, rows: list[dict], generated: Generated | None = None) -> Sampled:
+        """G completions for each row (generated now unless given), scored, and the seconds each took."""
         s, r = self.s, self.s.recipe
         g = r.generation.num_generations
-        conversations = None
+        conversations, generation_s = None, 0.0
         if generated is None:
             self.doing("generation")
             t0 = time.perf_counter()
@@ -218,7 +244,7 @@ class Loop:
                 generated = conversations.generated                                   # [B*G]
             else:
                 generated = s.backend.generate([row["prompt_text"] for row in rows], g, self.sampling)  # [B*G]
-            seconds["time/generation"] += time.perf_counter() - t0
+            generation_s = time.perf_counter() - t0
         rollouts = Rollouts(
             rows=rows, prompt_ids=generated.prompt_ids, completion_ids=generated.completion_ids,
             completions=s.tokenizer.batch_decode(generated.completion_ids, skip_special_tokens=True),
@@ -230,28 +256,12 @@ class Loop:
         )
         self.doing("rewards")
         t0 = time.perf_counter()
-        scored = self.score(rollouts)
-        seconds["time/rewards"] += time.perf_counter() - t0
-        return scored, conversations.stats if conversations is not None else None
-
-    def score(self, rollouts: Rollouts) -> Scored:
-        """The rewards of the rollouts: the weighted total, each reward's values, errors counted."""
-        s, r = self.s, self.s.recipe
-        column = r.data.prompt_column
         state = trainer_state(global_step=s.state.step, max_steps=r.train.steps, epoch=s.epoch,
                               num_tokens=s.state.num_tokens)  # TRL's trainer_state keyword
-        columns = rollouts.columns(exclude=(column, "prompt_text"))
-        if rollouts.environments is not None:  # TRL's `environments` keyword
-            columns["environments"] = rollouts.environments
-        scores = score(s.reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
-                       r.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
-                       doing=lambda names: self.doing(f"rewards, calling {names}"))  # named if the process dies
-        total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
-        op = r.algorithm.overlong_penalty
-        if op.buffer_length:
-            total += overlong_penalty(rollouts.completion_lengths(), r.generation.max_completion_length,
-                                      op.buffer_length, op.penalty)
-        return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
+        scored = score_rollouts(rollouts, s.reward_fns, r, state=state,  # 3. (a process that dies names them)
+                                doing=lambda names: self.doing(f"rewards, calling {names}"))
+        return Sampled(scored, conversations.stats if conversations is not None else None, generation_s,
+                       time.perf_counter() - t0)
 
     # -- phase 5 -------------------------------------------------------------------------
     def prepare(self, batch: Batch) -> list[Slice]:
@@ -272,16 +282,17 @@ class Loop:
             old = None  # the policy that generated, or the ratio to the engine, needs it
             if moves or correct:
                 old = frozen_logprobs(p, policy, mbs, temperature, chunks)
-            ref = None
+            ref, local_ref = None, False
             if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
                 ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
             elif s.reference is not None:
-                ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks)
+                ref, local_ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks), True
             weights, mismatch = None, {}
             if correct:
                 weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
                 mismatch = mismatch_metrics(p, sums)
-            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0))
+            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0,
+                             passes=(old is not None) + local_ref))
         return out
 
     # -- phases 6-7 ----------------------------------------------------------------------
@@ -311,23 +322,18 @@ class Loop:
         """TRL's SyncRefModelCallback: every ref_sync_steps optimizer steps, ref = a * policy + (1 - a) * ref,
         each tensor once (a tied lm_head too); with a reference server, the server mixes what is sent."""
         s, a = self.s, self.s.recipe.algorithm
-        if s.reference is None or not is_due(a.ref_sync_steps, s.state.step):
-            return
-        if isinstance(s.reference, ReferenceClient):  # the server mixes: the trainer holds no reference weights
-            s.reference.refresh(s.policy, a.ref_sync_alpha)
-        else:  # LoRA: adapters added (each sum computed as the mix reaches it), peft names cleaned; FSDP2: shards
-            with policy_weights(s.policy, parallel=s.parallel) as weights:
-                mix_state(s.reference, weights.state(), a.ref_sync_alpha)
+        if s.reference is not None and is_due(a.ref_sync_steps, s.state.step):
+            refresh_reference(s.reference, s.policy, s.parallel, a.ref_sync_alpha)
 
     # -- phase 8 -------------------------------------------------------------------------
-    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], shares: dict[str, float], *,
+    def record(self, batch: Batch, sl: Slice, stats: dict[str, float], seconds: dict[str, float], *,
                completion_tokens: float) -> None:
-        """The step's metrics.jsonl line: its slice's figures, its time and its share of the cycle's
-        (time and the completion tokens generated, so tokens_per_second is the cycle's throughput)."""
+        """The step's metrics.jsonl line: its slice's figures, its phases' seconds (its own, and its share
+        of the cycle's) and its share of the completion tokens generated (so tokens_per_second is the
+        cycle's throughput)."""
         s, r = self.s, self.s.recipe
         p, step = s.parallel, s.state.step
         self.doing("metrics (every process's figures gathered)", done=True)
-        seconds = {**shares, "time/training": stats["time/training"]}  # the phases: they add up
         step_time = sum(seconds.values())
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
@@ -353,6 +359,19 @@ class Loop:
         s.show(metrics)
         if r.log.completions_to_print and p.main:  # TRL's num_completions_to_print
             print_completions(step, completion_rows(sl.scored, sl.advantages, r.log.completions_to_print), s.progress)
+
+    def observe(self, batch: Batch, slices: list[Slice], sl: Slice, stats: dict[str, float], seconds: dict[str, float],
+                *, completion_tokens: float, cycle_steps: int) -> None:
+        """The step's StepRecord to the observer, if any (grpocli.trainer.observer)."""
+        if self.observer is None:
+            return
+        wall = time.perf_counter() - self.observed_at
+        self.observer.on_step(StepRecord(
+            step=self.s.state.step, seconds=dict(seconds), wall=wall, completion_tokens=completion_tokens,
+            cycle_steps=cycle_steps, generated=Lengths.of(batch.scored.rollouts, model_only=True),
+            frozen=tuple(FrozenPasses(Lengths.of(x.scored.rollouts, x.advantages.keep), x.passes) for x in slices),
+            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=bool(stats["skipped"])))
+        self.observed_at = time.perf_counter()  # the observer's time is not the next step's
 
     def maybe_evaluate(self, *, since: int) -> None:
         s = self.s
@@ -393,4 +412,4 @@ class Loop:
             self.prefetch.close()
 
 
-__all__ = ["Batch", "Loop", "Slice", "TrainingStopped", "train"]
+__all__ = ["Batch", "Loop", "Sampled", "Slice", "TrainingStopped", "train"]

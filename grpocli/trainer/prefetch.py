@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.base import Generated, GenerationBackend, Sampling
 from grpocli.generation.devices import process_device, use_device
 
 
@@ -27,7 +27,7 @@ class _Pending:
 
 
 class Prefetcher:
-    def __init__(self, backend: Any, *, ahead: int, n: int, sampling: Sampling) -> None:
+    def __init__(self, backend: GenerationBackend, *, ahead: int, n: int, sampling: Sampling) -> None:
         self.backend, self.ahead, self.n, self.sampling = backend, ahead, n, sampling
         self.pending: deque[_Pending] = deque()
         parallel = getattr(backend, "parallel", None)

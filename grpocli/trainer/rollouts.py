@@ -7,12 +7,14 @@ once by its phase and never changed after:
 
 All are prompt-major: completions [i*G : (i+1)*G] belong to prompt i. `select(groups)` cuts any
 of them to some groups (the optimizer batches of a cycle); DAPO's fill rounds are joined with
-`Scored.concat` and cut to their informative groups (`keep_informative`). Phase 4 itself,
-`compute_advantages`, is here too: the group-relative advantages over every process's groups.
+`Scored.concat` and cut to their informative groups (`keep_informative`). Phases 3 and 4
+themselves are here too: `score_rollouts`, the rewards of the rollouts, and `compute_advantages`,
+the group-relative advantages over every process's groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +22,11 @@ import torch
 
 from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
 from grpocli.algorithms.variants import ADVANTAGES
+from grpocli.rewards import score
 
 if TYPE_CHECKING:
     from grpocli.parallel import Parallel
+    from grpocli.recipe import Recipe
     from grpocli.recipe.algorithm_section import AlgorithmSection
     from grpocli.rewards import RewardFn
 
@@ -183,6 +187,27 @@ def _joined(parts: list[Rollouts], name: str) -> list[Any] | None:
 
 def _picked(values: list[Any] | None, idx: list[int]) -> list[Any] | None:
     return [values[i] for i in idx] if values is not None else None
+
+
+# -- phase 3: rewards ----------------------------------------------------------------------
+def score_rollouts(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recipe, *, state: Any,
+                   doing: Callable[[str], None]) -> Scored:
+    """The rewards of the rollouts: every reward function called as TRL calls it (`state`: TRL's
+    trainer_state keyword; `doing(names)` before each call), the weighted total with DAPO's overlong
+    penalty added, each reward's values, errors counted."""
+    column = recipe.data.prompt_column
+    columns = rollouts.columns(exclude=(column, "prompt_text"))
+    if rollouts.environments is not None:  # TRL's `environments` keyword
+        columns["environments"] = rollouts.environments
+    scores = score(reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
+                   recipe.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
+                   doing=doing)
+    total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
+    op = recipe.algorithm.overlong_penalty
+    if op.buffer_length:
+        total += overlong_penalty(rollouts.completion_lengths(), recipe.generation.max_completion_length,
+                                  op.buffer_length, op.penalty)
+    return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
 
 
 # -- phase 4: advantages over every process's groups -------------------------------------

@@ -28,8 +28,9 @@ from grpocli.trainer.rollouts import Scored
 
 if TYPE_CHECKING:
     from grpocli.data.template import RenderedPrompts
-    from grpocli.recipe.schema import TrainSection
+    from grpocli.generation.base import GenerationBackend
     from grpocli.multiturn.turns import TurnLoop
+    from grpocli.recipe.schema import TrainSection
 
 
 class TrainingStopped(UserError):
@@ -87,7 +88,7 @@ class Session:
     reference: Any          # None when beta = 0; a model; a ReferenceClient with algorithm.reference = "server"
     optimizer: Any
     scheduler: Any
-    backend: Any            # grpocli.generation.base.GenerationBackend
+    backend: GenerationBackend
     reward_fns: list[RewardFn]
     prompts: RenderedPrompts  # dataset rows rendered on access
     stream: PromptStream
@@ -118,9 +119,8 @@ class Session:
         from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.parallel import start
-        from grpocli.trainer.preflight import preflight
-
         from grpocli.recipe.duration import resolve_duration
+        from grpocli.trainer.preflight import preflight
 
         r = resolved.recipe
         run = RunDir(resolved.output_dir())
@@ -184,7 +184,7 @@ class Session:
             self.run.root.mkdir(parents=True, exist_ok=True)
             self._keep_history(resume_from, changed)
             # what ran, however it was launched: the processes, the mixed precision applied, the sharding
-            ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.sharding}
+            ran = {"num_processes": p.size, "mixed_precision": p.precision, "sharding": p.recipe_sharding}
             ran_recipe = r.model_copy(update={"train": r.train.model_copy(update=ran)})
             self.run.config.write_text(to_toml(ran_recipe), encoding="utf-8")
             self.run.config_sources.write_text(sources_json(self.resolved, ran_recipe), encoding="utf-8")
@@ -307,8 +307,7 @@ def _check_memory(r: Recipe, parallel: Parallel) -> None:
     from grpocli.planning import check_fits
 
     total = torch.cuda.get_device_properties(parallel.device).total_memory
-    stage = getattr(parallel, "stage", None)  # DeepSpeed ZeRO from accelerate's config
-    check_fits(r, gpus=parallel.size, gpu_memory=total, sharding=f"zero{stage}" if stage else parallel.sharding)
+    check_fits(r, gpus=parallel.size, gpu_memory=total, sharding=parallel.sharding)
 
 
 def _optimizer(t: TrainSection, model: Any) -> tuple[Any, Any]:

@@ -212,7 +212,7 @@ def optimizer_step(
                 stats = stats.to(totals.device)
                 totals += stats[: len(STAT_KEYS)]
                 least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
-            parallel.accelerator.backward(loss * norm.world_size)  # undo DDP's (DeepSpeed's) mean over processes
+            parallel.backward(loss)  # scaled by the processes: their gradients are averaged
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
     #    which skips a non-finite update itself; clipping and step only report and do nothing)
     t1 = time.perf_counter()

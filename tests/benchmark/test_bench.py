@@ -1,15 +1,17 @@
 """`grpo bench` against real parts: real steps of a tiny recipe measured (forced lengths, FLOPs,
-the figures and their JSON), FLOPs against a real model's layers, the forecast's length
-correction, the measured peak, and bad input. `--vs-trl` runs in tests/test_gpu_kit.py."""
+the figures and their JSON), FLOPs against a real model's layers (head_dim set apart from
+hidden_size / num_heads too), the forecast's length correction, the measured peak, and bad
+input. `--vs-trl` runs in tests/test_gpu_kit.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpocli.benchmark.flops import GroupTokens, ModelShape, group_tokens, passes_flops
+from grpocli.benchmark.flops import GroupTokens, group_tokens, matmul_weights, passes_flops
 from grpocli.benchmark.forecast import counts, forecast, step_seconds
-from grpocli.benchmark.measurement import Measurement, StepRecord
+from grpocli.benchmark.measurement import MeasuredStep, Measurement
 from grpocli.benchmark.presets import SHAPES, shape_overrides
+from grpocli.planning import shape_of_config
 
 
 def _tiny_model(shape: str = "cpu-tiny"):
@@ -48,14 +50,38 @@ def test_real_steps_of_a_tiny_recipe_are_measured_phase_by_phase(tmp_path):
     assert 0 < f["mfu"] and "forecast for train.steps = 100" in text(f)
 
 
-def test_matmul_weights_are_the_weights_of_the_models_linear_layers():
+def _linear_weights(model) -> int:
     import torch
 
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_matmul_weights_are_the_weights_of_the_models_linear_layers():
     model = _tiny_model()
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    shape = ModelShape.of(model.config)
+    shape = shape_of_config(model.config, source="test")
     assert shape.num_kv_heads == 1 and shape.vocab_size == SHAPES["cpu-tiny"]["vocab_size"]
-    assert shape.matmul_weights == linear  # the head is tied to the embedding but still a matmul
+    assert matmul_weights(shape) == _linear_weights(model)  # the head is tied to the embedding but still a matmul
+
+
+def test_flops_use_the_models_head_dim_where_it_is_not_hidden_over_heads():
+    """Qwen3 sets head_dim apart: 4 heads of 32 over a hidden size of 64, so q and o are 64 x 128
+    and k and v 64 x 64 (2 key-value heads), where hidden_size / num_heads would say 16."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=96)
+    shape = shape_of_config(config, source="test")
+    assert (shape.num_heads, shape.head_dim) == (4, 32)
+    # per layer: q 64x128, k 64x64, v 64x64, o 128x64, gate/up/down 3 x 64x96; the head 64x100
+    weights = 2 * (64 * 128 + 64 * 64 + 64 * 64 + 128 * 64 + 3 * 64 * 96) + 64 * 100
+    assert matmul_weights(shape) == weights == _linear_weights(Qwen3ForCausalLM(config))  # the real parameters
+    grp = GroupTokens(prompt=3, completions=[2, 1])  # 6 tokens, 19 positions attended
+    flops = 2 * weights * 6 + 4 * 2 * (4 * 32) * 19   # attention over num_heads x head_dim = 128, not 64
+    assert passes_flops(shape, [grp]) == flops
+    # the formula that assumed head_dim = hidden_size / num_heads = 16 counted less
+    h, kv = 64, 2 * 16
+    old = 2 * (2 * (2 * h * h + 2 * h * kv + 3 * h * 96) + h * 100) * 6 + 4 * 2 * h * 19
+    assert old < flops and old != passes_flops(shape, [grp])
 
 
 def test_a_padded_vocabulary_decodes_its_filler_tokens_and_encodes_text_as_before():
@@ -68,24 +94,28 @@ def test_a_padded_vocabulary_decodes_its_filler_tokens_and_encodes_text_as_befor
 
 
 def test_a_group_counts_its_prompt_once_and_attention_over_earlier_positions():
-    shape = ModelShape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=16, vocab_size=10)
+    from transformers import LlamaConfig
+
+    shape = shape_of_config(LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                        num_key_value_heads=2, intermediate_size=16), source="test")
+    assert matmul_weights(shape) == 2 * (4 * 8 * 8 + 3 * 8 * 16) + 8 * 10
     grp = GroupTokens(prompt=3, completions=[2, 1])
     assert grp.tokens == 6
     # prompt: 1+2+3; completion of 2: 4+5; completion of 1: 4
     assert grp.attended == 6 + 9 + 4
-    assert passes_flops(shape, [grp], passes=3.0) == 3 * (2 * shape.matmul_weights * 6 + 4 * 2 * 8 * 19)
+    assert passes_flops(shape, [grp], passes=3.0) == 3 * (2 * matmul_weights(shape) * 6 + 4 * 2 * 8 * 19)
     # rows that do not enter the loss do not count; a group with none is gone
-    kept = group_tokens([[1, 2, 3], [4]], [2, 1, 5, 5], keep=[True, False, False, False])
+    kept = group_tokens([3, 1], [2, 1, 5, 5], keep=[True, False, False, False])
     assert kept == [GroupTokens(3, [2])]
 
 
-def _record(step: int, generation: float, longest: int, training: float, trained: int) -> StepRecord:
+def _record(step: int, generation: float, longest: int, training: float, trained: int) -> MeasuredStep:
     phases = {"generation": generation, "rewards": 0.1, "logprobs": 0.0, "training": training,
               "weight_sync": 0.0, "other": 0.1}
-    return StepRecord(step=step, seconds=sum(phases.values()), phases=phases, completion_tokens=64 * longest / 2,
-                      longest_completion=longest, mean_completion=longest / 2, trained_tokens=trained,
-                      trained_completion_tokens=trained - 100, flops={"generation": 1.0, "logprobs": 0.0,
-                                                                      "training": 1.0}, peak_memory=1)
+    return MeasuredStep(step=step, seconds=sum(phases.values()), phases=phases, completion_tokens=64 * longest / 2,
+                        longest_completion=longest, mean_completion=longest / 2, trained_tokens=trained,
+                        trained_completion_tokens=trained - 100, flops={"generation": 1.0, "logprobs": 0.0,
+                                                                        "training": 1.0}, peak_memory=1)
 
 
 def test_the_forecast_scales_generation_by_the_longest_completion_and_training_by_tokens():

@@ -35,6 +35,23 @@ def test_idle_loss_is_a_forward_pass_with_zero_gradient():
     assert seen and all(torch.equal(q.grad, torch.zeros_like(q)) for q in model.parameters())
 
 
+def test_backward_scales_the_loss_by_the_processes_whose_gradients_are_averaged():
+    """`Parallel.backward`: one process gives the loss's own gradient (with accelerate or without);
+    under two processes the gradient is doubled, which DDP's mean over them undoes."""
+    from accelerate import Accelerator
+
+    class TwoProcesses(Parallel):
+        size = 2  # what DDP over two processes reports; this process's accelerate then back-propagates
+
+    grads = []
+    for p in (Parallel.alone(), Parallel(Accelerator(cpu=True)), TwoProcesses(Accelerator(cpu=True))):
+        w = torch.tensor([1.0, -2.0], requires_grad=True)
+        p.backward((w * torch.tensor([3.0, 0.5])).sum())
+        grads.append(w.grad)
+    assert torch.equal(grads[0], torch.tensor([3.0, 0.5])) and torch.equal(grads[1], grads[0])
+    assert torch.equal(grads[2], 2 * grads[0])
+
+
 def test_start_picks_ddp_or_one_process_and_prepares_the_models(tmp_path):
     from grpocli.models import load_policy
 

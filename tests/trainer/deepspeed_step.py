@@ -58,6 +58,7 @@ def main() -> None:
     after_good = whole(model, parallel)
     line = json.dumps({
         "rank": acc.process_index, "stage": stage, "precision": precision,
+        "sharding": [parallel.sharding, parallel.recipe_sharding],
         "bad": {"skipped": skipped["skipped"], "grad_norm_finite": math.isfinite(skipped["grad_norm"]),
                 "unchanged": all(torch.equal(a, b) for a, b in zip(before, after_bad))},
         "good": {"skipped": stepped["skipped"], "grad_norm": stepped["grad_norm"],

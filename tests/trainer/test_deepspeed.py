@@ -209,6 +209,9 @@ def test_deepspeed_skips_a_non_finite_update_and_clips_like_ddp():
     for (stage, precision), lines in [((None, "no"), ddp), *runs.items()]:
         for line in lines:
             assert line["stage"] == stage and line["precision"] == precision
+            # grpo plan's name for what runs; config.resolved.toml's train.sharding stays "none" (ZeRO is
+            # accelerate's config, not a train.sharding value)
+            assert line["sharding"] == [f"zero{stage}" if stage else "none", "none"]
             assert line["bad"] == {"skipped": 1.0, "grad_norm_finite": False, "unchanged": True}, line
             assert line["good"]["skipped"] == 0.0 and line["good"]["changed"], line
             rel = 1e-2 if precision == "bf16" else 1e-5
@@ -245,7 +248,8 @@ def test_deepspeed_configs_run_where_deepspeed_can(stage, tmp_path):
     metrics, log = _deepspeed(config, tmp_path, *FAST, "train.steps=1", "train.mixed_precision=bf16")
     assert len(metrics) == 1 and metrics[0]["grad_norm"] > 0
     assert f"DeepSpeed ZeRO-{stage} (accelerate config): 2 processes, cpu, bf16" in log
-    assert 'mixed_precision = "bf16"' in (tmp_path / "config.resolved.toml").read_text()
+    resolved = (tmp_path / "config.resolved.toml").read_text()
+    assert 'mixed_precision = "bf16"' in resolved and 'sharding = "none"' in resolved  # as train.sharding names it
 
 
 #: tests/vllm's colocated-engine settings: a learning rate that moves the policy far more than the

@@ -1,0 +1,79 @@
+"""What the training loop tells an observer about each optimizer step (`grpo bench` is one).
+
+An observer is given to the loop (`Loop(s, observer=...)`) and called once per optimizer step,
+after the step's metrics are recorded (phase 8), with an immutable `StepRecord`: the step's
+phase seconds as metrics.jsonl has them, its wall time, and the token counts of the groups each
+pass ran over (no token ids). It reads the record and changes nothing: the loop's metrics are the
+same with an observer or without one, and the observer's own time is not counted in the next
+step's. The record is built only when an observer is given.
+
+A generation cycle's once-per-cycle work (generation, rewards, the frozen log-prob passes) is in
+every step of the cycle: `cycle_steps` says how many steps share it, as metrics.jsonl shares its
+time. The lengths are this process's (its share of the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpocli.trainer.rollouts import Rollouts
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The token counts of a batch of groups: what FLOPs and throughput need."""
+
+    prompts: tuple[int, ...]               # [B] each group's prompt tokens
+    completions: tuple[int, ...]           # [B*G] each rollout's completion tokens, prompt-major
+    keep: tuple[bool, ...] | None = None   # [B*G] the rollouts that enter the loss (None: all)
+
+    @classmethod
+    def of(cls, rollouts: Rollouts, keep: torch.Tensor | None = None, *, model_only: bool = False) -> Lengths:
+        """`rollouts`' lengths; `model_only`: the tokens the model wrote (a multi-turn rollout's without
+        its tool turns), else every completion token."""
+        lengths = rollouts.model_lengths() if model_only else rollouts.completion_lengths()  # [B*G]
+        return cls(prompts=tuple(len(p) for p in rollouts.prompt_ids),
+                   completions=tuple(int(n) for n in lengths.tolist()),
+                   keep=None if keep is None else tuple(bool(k) for k in keep.tolist()))
+
+
+@dataclass(frozen=True)
+class FrozenPasses:
+    """The frozen log-prob passes over one optimizer batch of the cycle (phase 5)."""
+
+    lengths: Lengths    # its groups; keep: the rollouts in the loss (the passes run over those)
+    passes: int         # forward passes this process ran over them: old policy, in-process reference (0-2)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step, as the loop took it."""
+
+    step: int                          # the step just taken (1-based, as metrics.jsonl)
+    seconds: dict[str, float]          # its phases, metrics.jsonl's keys: time/generation, time/rewards,
+                                       # time/logprobs (the cycle's, in equal shares), time/weight_sync, time/training
+    wall: float                        # seconds since the previous step was recorded (the first: since the loop began)
+    completion_tokens: float           # generated, all processes: the step's share of the cycle's (the model's own)
+    cycle_steps: int                   # optimizer steps the cycle's generation and frozen passes are shared by
+    generated: Lengths                 # the cycle's generation batch; completions: the model's own tokens
+    frozen: tuple[FrozenPasses, ...]   # [steps_per_generation] the cycle's frozen log-prob passes
+    trained: Lengths                   # the step's optimizer batch; keep: the rollouts in its loss
+    skipped: bool                      # the update was skipped (no row computed, or a non-finite gradient)
+
+    @property
+    def other(self) -> float:
+        """The wall time outside the phases: advantages, batching, metrics, rollouts files (0 at least)."""
+        return max(self.wall - sum(self.seconds.values()), 0.0)
+
+
+class StepObserver(Protocol):
+    def on_step(self, record: StepRecord) -> None:
+        """Called on every process after each optimizer step's metrics are recorded."""
+        ...
+
+
+__all__ = ["FrozenPasses", "Lengths", "StepObserver", "StepRecord"]
