@@ -18,7 +18,7 @@
                       step's StepRecord to an observer where one watches (`grpo bench`: grpocli.trainer.observer)
 
 Each phase returns what it computes as an immutable value (grpocli.trainer.rollouts: Rollouts,
-Scored, Advantages; `Sampled`, `Batch` and `Slice` here; the step's statistics); no phase fills in an
+Scored, Advantages, Sampled, Batch, Slice; the step's statistics); no phase fills in an
 earlier one's value. The run's counters are `Session.state` (grpocli.trainer.session.RunState), and
 the processes are asked through `Session.parallel` (grpocli.parallel).
 """
@@ -28,8 +28,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -43,7 +42,7 @@ from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import refresh_reference
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
-from grpocli.trainer.batching import OptimizerBatch, logprob_chunks, optimizer_batches
+from grpocli.trainer.batching import logprob_chunks, optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.completion_log import completion_rows, print_completions
 from grpocli.trainer.metrics import (
@@ -61,9 +60,10 @@ from grpocli.trainer.observer import FrozenPasses, Lengths, StepObserver, StepRe
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import (
-    Advantages,
+    Batch,
     Rollouts,
-    Scored,
+    Sampled,
+    Slice,
     compute_advantages,
     flat_groups,
     keep_informative,
@@ -72,9 +72,6 @@ from grpocli.trainer.rollouts import (
 from grpocli.trainer.session import Session, TrainingStopped, is_due
 from grpocli.trainer.signals import StopSignals
 from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
-
-if TYPE_CHECKING:
-    from grpocli.multiturn.turns import TurnStats
 
 
 def train(resolved: Resolved) -> None:
@@ -104,41 +101,6 @@ def _train(resolved: Resolved, stops: StopSignals) -> None:
         if loop is not None:
             loop.close()
         s.close()
-
-
-@dataclass(frozen=True)
-class Sampled:
-    """Phases 1-3 over one set of prompts (a DAPO fill round is another) and what they took."""
-
-    scored: Scored                # [B*G] the rollouts, with their rewards
-    turns: TurnStats | None       # multi-turn: the rollouts' turn and tool-call counts; else None
-    generation_s: float           # generating them (0 when generated ahead: the wait is the batch's)
-    rewards_s: float              # scoring them
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One generation batch (phases 1-4) and what it took."""
-
-    scored: Scored                # [B*G] this process's groups, with their rewards
-    advantages: Advantages        # [B*G]
-    seconds: dict[str, float]     # time/generation (the wait, when generated ahead), time/rewards
-    info: dict[str, float]        # generation/staleness, fill_rounds, rewards' log_metric means, tool counts
-    num_tokens: int               # prompt + completion tokens generated, all processes
-    completion_tokens: float      # completion tokens generated, all processes
-
-
-@dataclass(frozen=True)
-class Slice:
-    """One optimizer batch of the generation batch (phase 5)."""
-
-    scored: Scored                    # [B/S*G] its groups
-    advantages: Advantages            # [B/S*G]
-    batch: OptimizerBatch             # the micro-batches of the sequences that enter the loss
-    frozen: Frozen                    # their old-policy / reference log-probs and engine weights
-    mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
-    seconds: float                    # its frozen log-prob passes
-    passes: int                       # frozen forward passes this process ran: old policy, in-process reference
 
 
 class Loop:

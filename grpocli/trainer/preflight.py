@@ -21,9 +21,9 @@ from grpocli.generation.base import paged_on_sharded_policy
 from grpocli.recipe import Recipe
 
 if TYPE_CHECKING:
+    from grpocli.multiturn.toolbox import Toolbox
     from grpocli.registry import Entry, Plugins
     from grpocli.rewards import RewardFn
-    from grpocli.multiturn.toolbox import Toolbox
 
 
 #: Backends that generate with the training model itself: no engine of their own, no engine log-probs.
@@ -45,9 +45,9 @@ def preflight(recipe: Recipe) -> Checked:
     from grpocli.data.source import load_dataset_for
     from grpocli.data.source import resolve as resolve_dataset
     from grpocli.models import check_model
+    from grpocli.multiturn.toolbox import check_environment, open_toolbox
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve as resolve_rewards
-    from grpocli.multiturn.toolbox import check_environment, open_toolbox
 
     _check_combinations(recipe)
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now

@@ -25,10 +25,13 @@ from grpocli.algorithms.variants import ADVANTAGES
 from grpocli.rewards import score
 
 if TYPE_CHECKING:
+    from grpocli.multiturn.turns import TurnStats
     from grpocli.parallel import Parallel
     from grpocli.recipe import Recipe
     from grpocli.recipe.algorithm_section import AlgorithmSection
     from grpocli.rewards import RewardFn
+    from grpocli.trainer.batching import OptimizerBatch
+    from grpocli.trainer.step import Frozen
 
 
 @dataclass(frozen=True)
@@ -251,3 +254,38 @@ def reward_components(scored: Scored, algorithm: AlgorithmSection, max_completio
                                         op.buffer_length, op.penalty).tolist())
         weights.append(1.0)
     return torch.tensor(columns, dtype=torch.float32).T.contiguous(), torch.tensor(weights)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """Phases 1-3 over one set of prompts (a DAPO fill round is another) and what they took."""
+
+    scored: Scored                # [B*G] the rollouts, with their rewards
+    turns: TurnStats | None       # multi-turn: the rollouts' turn and tool-call counts; else None
+    generation_s: float           # generating them (0 when generated ahead: the wait is the batch's)
+    rewards_s: float              # scoring them
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One generation batch (phases 1-4) and what it took."""
+
+    scored: Scored                # [B*G] this process's groups, with their rewards
+    advantages: Advantages        # [B*G]
+    seconds: dict[str, float]     # time/generation (the wait, when generated ahead), time/rewards
+    info: dict[str, float]        # generation/staleness, fill_rounds, rewards' log_metric means, tool counts
+    num_tokens: int               # prompt + completion tokens generated, all processes
+    completion_tokens: float      # completion tokens generated, all processes
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One optimizer batch of the generation batch (phase 5)."""
+
+    scored: Scored                    # [B/S*G] its groups
+    advantages: Advantages            # [B/S*G]
+    batch: OptimizerBatch             # the micro-batches of the sequences that enter the loss
+    frozen: Frozen                    # their old-policy / reference log-probs and engine weights
+    mismatch: dict[str, float]        # sampling/* (engine vs trainer log-probs); {} without engine ones
+    seconds: float                    # its frozen log-prob passes
+    passes: int                       # frozen forward passes this process ran: old policy, in-process reference
