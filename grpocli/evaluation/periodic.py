@@ -33,6 +33,7 @@ from grpocli.rewards import RewardFn
 if TYPE_CHECKING:
     from grpocli.generation.base import GenerationBackend, Sampling
     from grpocli.recipe.schema import Recipe
+    from grpocli.registry import Registry
 
 
 @dataclass
@@ -57,9 +58,11 @@ class PeriodicEval:
 
     @classmethod
     def open(cls, recipe: Recipe, *, tokenizer: Any, backend: GenerationBackend, reward_fns: list[RewardFn],
-             parallel: Parallel, run_root: Path | None, turns: Any = None) -> PeriodicEval | None:
+             parallel: Parallel, run_root: Path | None, turns: Any = None,
+             datasets: Registry | None = None) -> PeriodicEval | None:
         """Load and render this process's eval prompts; None when eval.every is 0. ``turns``: the
-        training run's turn loop, so that a multi-turn recipe is evaluated as it trains."""
+        training run's turn loop, so that a multi-turn recipe is evaluated as it trains; ``datasets``:
+        the run's dataset loaders (the plugins it loaded; None: loaded here)."""
         ev = recipe.eval
         if not ev.every:
             return None
@@ -70,7 +73,8 @@ class PeriodicEval:
         from grpocli.registry import load_plugins
 
         split = ev.split_for(recipe.data.eval_split)
-        dataset = load_dataset_for(recipe.data, load_plugins().datasets, split, recipe.train.seed)
+        datasets = datasets if datasets is not None else load_plugins().datasets
+        dataset = load_dataset_for(recipe.data, datasets, split, recipe.train.seed)
         count = len(dataset) if ev.num_prompts == 0 else min(ev.num_prompts, len(dataset))
         indices = list(range(count))[parallel.rank::parallel.size]
         prompts = RenderedPrompts(dataset, recipe.data, tokenizer)

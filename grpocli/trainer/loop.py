@@ -116,7 +116,8 @@ class Loop:
         self.sampling = Sampling.from_section(r.generation)
         self.settings = LossSettings.of(r.algorithm, r.generation)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
-                                            parallel=s.parallel, run_root=s.run.root, turns=s.turns)
+                                            parallel=s.parallel, run_root=s.run.root, turns=s.turns,
+                                            datasets=s.datasets)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
         self.prefetch = None
         if r.generation.async_steps:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from grpocli.generation.base import GenerationBackend
     from grpocli.multiturn.turns import TurnLoop
     from grpocli.recipe.schema import TrainSection
+    from grpocli.registry import Registry
 
 
 class TrainingStopped(UserError):
@@ -95,6 +96,7 @@ class Session:
     curriculum: Callable[..., Any] | None
     progress: Progress
     turns: TurnLoop | None = None  # multi-turn recipes (tools, environment)
+    datasets: Registry | None = None  # the dataset loaders preflight found (evaluation loads its split with them)
     metrics: MetricsLog | None = None  # main process only
     state: RunState = field(default_factory=RunState)
     watch: Watch = field(default_factory=Watch)
@@ -153,7 +155,7 @@ class Session:
                 reference=reference, optimizer=optimizer, scheduler=scheduler, backend=backend,
                 reward_fns=checked.reward_fns, prompts=prompts,
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
-                curriculum=checked.curriculum, turns=turns,
+                curriculum=checked.curriculum, turns=turns, datasets=checked.plugins.datasets,
                 progress=Progress(r.log.progress, r.train.steps, parallel.main))
         for note in durations:
             s.progress.note(note, always=parallel.main)
