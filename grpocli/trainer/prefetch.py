@@ -1,8 +1,10 @@
 """Asynchronous generation (generation.async_steps = k): the next k batches generate while this
 one trains, as in open-instruct's grpo_fast and TRL's async mode.
 
-Generation runs on one worker thread, which first makes the process's CUDA device its own (a
-new thread starts on GPU 0), so calls to the backend never overlap each other; the
+Generation runs on one worker thread, which first makes the process's CUDA device and torch thread
+count its own (a new thread starts on GPU 0, and with OpenMP's default thread count, not the one
+train.torch_threads set: vLLM's CPU attention refuses to run with another count than the engine was
+built with), so calls to the backend never overlap each other; the
 loop calls `drain()` before it syncs weights, so a sync never overlaps a generation. A batch
 generated with the weights of step s and trained at step t has staleness t - s <= k; the
 engine's log-probs (from the weights that generated it) let the importance ratio account for it.
@@ -33,7 +35,7 @@ class Prefetcher:
         parallel = getattr(backend, "parallel", None)
         self.device = process_device(parallel.device if parallel is not None else None)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate",
-                                         initializer=use_device, initargs=(self.device,))
+                                         initializer=_adopt, initargs=(self.device, _torch_threads()))
 
     def next(self, next_rows: Callable[[], list[dict[str, Any]]], step: int) -> tuple[list[dict], Generated, int]:
         """The oldest batch (waiting for it if needed); then keep `ahead` more on the way."""
@@ -57,3 +59,19 @@ class Prefetcher:
         texts = [row["prompt_text"] for row in rows]  # rendered rows (grpocli.data.template)
         future = self.worker.submit(self.backend.generate, texts, self.n, self.sampling)
         self.pending.append(_Pending(rows, future, step))
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _adopt(device: Any, threads: int) -> None:
+    """The worker thread takes the process's CUDA device and torch (OpenMP) thread count: both are
+    the calling thread's own, and a new thread starts with the defaults."""
+    import torch
+
+    use_device(device)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
