@@ -155,7 +155,8 @@ def fixed_args(name: str, fn: Any, args: dict[str, Any], allowed: dict[str, Any]
                             hint=f"set it once: --args '{name}={{\"{key}\": ...}}'")
         if not isinstance(values, list) or not values:
             raise UserError(f"--allow {name}: {key} = {shown(values)} is not a list of values",
-                            where=f"--allow {name}.{key}", valid=f'{{"{key}": [value, value, ...]}}: the values a request may pick')
+                            where=f"--allow {name}.{key}",
+                            valid=f'{{"{key}": [value, value, ...]}}: the values a request may pick')
     check = getattr(fn, "check_args", None)  # the reward's own checks of its values (as at --dry-run)
     if callable(check):
         for picked in [{}] + [{key: v} for key, values in allowed.items() for v in values]:

@@ -86,7 +86,8 @@ def test_an_operator_fixes_code_tests_args_and_lets_requests_pick_from_a_list(tm
     monkeypatch.setenv("GRPO_REWARD_API_KEY", KEY)
 
     def scored(args: dict) -> list:
-        fns = resolve([RewardSpec(name="code.tests", url=srv.url, args=args, retry_backoff=0.0)], load_plugins().rewards)
+        spec = RewardSpec(name="code.tests", url=srv.url, args=args, retry_backoff=0.0)
+        fns = resolve([spec], load_plugins().rewards)
         return score(fns, ["p"], [PASSING], {"tests": [TESTS]}).per_reward["code.tests"]
 
     try:
