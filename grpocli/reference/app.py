@@ -1,8 +1,10 @@
 """The HTTP routes of `grpo ref-serve` (FastAPI + uvicorn) and run_server, which the CLI calls.
 
 It binds 127.0.0.1 unless told otherwise. Given an API key (``--api-key`` or GRPO_REF_API_KEY),
-every route requires it, as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY`` (401 without). The
-paths, the request bodies and the answers are declared in grpocli/wire/reference.py.
+every route requires it, as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY`` (401 without,
+from the headers before the body is read: grpocli.serving.access.guard). A body is bounded by
+``DEFAULT_MAX_BODY`` (413), except a weight bucket's (one tensor may be larger). The paths, the
+request bodies and the answers are declared in grpocli/wire/reference.py.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from grpocli.reference.host import DEFAULT_MAX_BATCH_TOKENS, ReferenceHost
-from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, key_check
+from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, guard, key_check
 from grpocli.wire import reference as wire
 from grpocli.wire.reference import PROTOCOL_VERSION, BeginMix, LogprobRequest, UpdateId
 
@@ -44,8 +46,8 @@ def build_app(host: ReferenceHost, *, model: str = "", api_key: str | None = Non
     @app.post(wire.LOGPROBS_PATH)
     def logprobs(req: LogprobRequest) -> dict[str, Any]:
         groups = [(g.prompt_ids, g.completion_ids) for g in req.groups]
-        return {"logprobs": host.logprobs(groups, req.temperature, request_timeout),
-                "weights_version": host.version}
+        logprobs, version = host.logprobs(groups, req.temperature, request_timeout)
+        return {"logprobs": logprobs, "weights_version": version}
 
     @app.post(wire.CLOSE_PATH)
     def close() -> dict[str, Any]:
@@ -54,6 +56,7 @@ def build_app(host: ReferenceHost, *, model: str = "", api_key: str | None = Non
         return {"closing": True}
 
     _add_weight_routes(app, host, request_timeout)
+    guard(app, api_key, env=wire.KEY_ENV, limits={wire.BUCKET_PATH: None})
     return app
 
 
@@ -84,8 +87,9 @@ def _add_weight_routes(app: Any, host: ReferenceHost, request_timeout: float) ->
 
     @app.get(wire.BUCKET_PATH)
     def download(index: int = 0) -> Response:
-        data, count = host.download(index, request_timeout)
-        return Response(content=data, media_type="application/octet-stream", headers={wire.BUCKET_COUNT_HEADER: str(count)})
+        data, count, version = host.download(index, request_timeout)
+        return Response(content=data, media_type="application/octet-stream",
+                        headers={wire.BUCKET_COUNT_HEADER: str(count), wire.VERSION_HEADER: str(version)})
 
 
 def load_model(model: str, dtype: str) -> Any:

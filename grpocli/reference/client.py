@@ -187,12 +187,18 @@ class ReferenceClient:
         if not self.parallel.main:
             return {}
         out: dict[str, torch.Tensor] = {}
-        index, count = 0, 1
+        index, count, versions = 0, 1, set()
         while index < count:
             data, headers = self.call("GET", f"{wire.BUCKET_PATH}?index={index}", raw=True)
             count = int(headers.get(wire.BUCKET_COUNT_HEADER.lower(), "1"))
+            versions.add(headers.get(wire.VERSION_HEADER.lower()))
             out.update(unpack_bucket(data))
             index += 1
+        if len(versions) > 1:  # a weight update ended between two buckets: not one set of weights
+            raise UserError(f"the reference weights at {self.url} changed while they were downloaded (weights "
+                            f"versions {', '.join(sorted(map(str, versions)))}): another client updated them",
+                            where="algorithm.reference_url", valid="a grpo ref-serve that serves this run alone",
+                            hint="give each run its own grpo ref-serve, and resume from the last checkpoint")
         return out
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], strict: bool = True) -> tuple[list, list]:

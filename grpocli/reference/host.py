@@ -12,11 +12,17 @@ gets a pass of its own) and laid out as the trainer lays out micro-batches
 A weight update (``ref_sync_steps``) is a stream: ``begin`` (alpha), buckets of the policy's
 tensors, ``end``. Each bucket is mixed in place as it comes (ref = alpha * policy + (1 - alpha) *
 ref, grpocli.reference.mixing), so memory stays at one bucket beyond the model; log-prob requests
-wait until the update ends. An update that gets no call for ``timeout`` seconds, or is aborted or
-ends incomplete after it mixed some tensors, leaves the weights "damaged": log-prob requests are
-refused (409) with the reason until a complete update with alpha = 1 (which overwrites every
-tensor, as a resume does) repairs them. Every request waits at most its timeout (504); a job past
-its deadline marks the worker stuck and /health says so (503).
+and downloads wait until the update ends. An update that gets no call for ``timeout`` seconds, or
+is aborted or ends incomplete after it mixed some tensors, leaves the weights "damaged": log-prob
+requests and downloads are refused (409) with the reason until a complete update with alpha = 1
+(which overwrites every tensor, as a resume does) repairs them.
+
+No answer is ever computed from half-mixed weights, nor a checkpoint written from them: the 409 is
+given when a request comes and again on the worker thread when its job runs, so a request that
+waited behind an update which then expired half-sent is refused too (a copy of the previous
+weights to answer from instead would double the model's memory). An answer carries the weights
+version its job ran on. Every request waits at most its timeout (504); a job past its deadline
+marks the worker stuck and /health says so (503).
 """
 
 from __future__ import annotations
@@ -85,8 +91,9 @@ class ReferenceHost:
                              device=next(model.parameters()).device)  # a GPU: the worker thread's current device
 
     # -- request threads ------------------------------------------------------------------
-    def logprobs(self, groups: list[Group], temperature: float, timeout: float) -> list[list[list[float]]]:
-        """Per group, per completion: log p(token | prefix) of each completion token at ``temperature``."""
+    def logprobs(self, groups: list[Group], temperature: float, timeout: float) -> tuple[list[list[list[float]]], int]:
+        """Per group, per completion: log p(token | prefix) of each completion token at ``temperature``;
+        and the weights version they were computed on."""
         for g, (prompt, completions) in enumerate(groups):
             for ids in (prompt, *completions):
                 bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
@@ -114,8 +121,11 @@ class ReferenceHost:
     def abort(self, update_id: str, timeout: float) -> dict[str, Any]:
         return self._submit(Job("abort", (update_id,)), timeout)
 
-    def download(self, index: int, timeout: float) -> tuple[bytes, int]:
-        """Bucket ``index`` of the current weights (each tensor once) as safetensors, and the count."""
+    def download(self, index: int, timeout: float) -> tuple[bytes, int, int]:
+        """Bucket ``index`` of the current weights (each tensor once) as safetensors, the count, and the
+        weights version it was read from (a client reading several checks they are one version)."""
+        if self.damaged:
+            raise ServerError(409, self.damaged)
         return self._submit(Job("download", (index,)), timeout)
 
     def info(self) -> dict[str, Any]:
@@ -179,8 +189,14 @@ class ReferenceHost:
                         limit=self.request_timeout)
 
     def _score(self, jobs: list[Job]) -> None:
-        """Every waiting log-prob request's sequences in forward passes under the token budget."""
+        """Every waiting log-prob request's sequences in forward passes under the token budget; each
+        answered with the weights version, or refused (409) if an update left the weights damaged
+        since the request came."""
         live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        if self.damaged:
+            for job in live:
+                job.future.set_exception(ServerError(409, self.damaged))
+            return
         for temperature in dict.fromkeys(job.args[1] for job in live):
             same = [job for job in live if job.args[1] == temperature]
             try:
@@ -192,7 +208,7 @@ class ReferenceHost:
                 continue
             k = 0
             for job in same:
-                job.future.set_result(answers[k : k + len(job.args[0])])
+                job.future.set_result((answers[k : k + len(job.args[0])], self.version))
                 k += len(job.args[0])
 
     def _logprobs(self, groups: list[Group], temperature: float) -> list[list[list[float]]]:
@@ -263,11 +279,13 @@ class ReferenceHost:
                             f"{len(self.tensors)} tensors, then {why}; a complete update with alpha = 1 "
                             "(grpo train resuming from a checkpoint) or a restart of grpo ref-serve repairs them")
 
-    def _do_download(self, index: int) -> tuple[bytes, int]:
+    def _do_download(self, index: int) -> tuple[bytes, int, int]:
+        if self.damaged:  # a checkpoint of half-mixed weights would restore them on resume
+            raise ServerError(409, self.damaged)
         parts = list(buckets(self.tensors.items(), self.bucket_bytes))
         if not 0 <= index < len(parts):
             raise ServerError(404, f"bucket {index} does not exist (the weights are {len(parts)} buckets)")
-        return pack_bucket(parts[index]), len(parts)
+        return pack_bucket(parts[index]), len(parts), self.version
 
 
 def token_batches(costs: list[int], max_tokens: int) -> list[list[int]]:

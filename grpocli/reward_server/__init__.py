@@ -5,4 +5,5 @@ grpocli.rewards.remote. What every grpo server shares (the API key, errors as JS
 
 app.py     the routes, the rewards named on the command line, the socket bound before they load; run_server()
 calls.py   the reward calls the routes queue, run in the main thread in order; one batch's scoring and its answer
+fixed.py   each served reward's args, fixed by the operator (--args, --allow): a request may only repeat them
 """

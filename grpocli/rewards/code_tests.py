@@ -213,3 +213,5 @@ def check_args(args: dict[str, Any], columns: Collection[str] = (), *, where: st
 
 
 code_tests.check_args = check_args  # run at preflight by grpocli.rewards.arguments.check_reward_signature
+#: Set by the operator of a reward server alone (grpo reward-serve --args), never by a request: what runs the code.
+code_tests.operator_args = ("python", "isolation")

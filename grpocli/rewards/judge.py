@@ -284,6 +284,9 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
 
 
 judge.check_args = check_args  # run with the recipe's args and the dataset's columns (arguments.py)
+#: Set by the operator of a reward server alone (grpo reward-serve --args), never by a request: where the
+#: replies come from and which of the server's variables goes there as the key.
+judge.operator_args = ("base_url", "api_key_env")
 
 
 def _messages(args: JudgeArgs, prompt: Any, completion: Any, row: Mapping[str, Any]) -> list[dict[str, str]]:

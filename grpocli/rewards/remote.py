@@ -14,9 +14,11 @@ sent concurrently. A part whose server fails (connection refused or reset, no an
 failed is passed over for ``DOWN_S`` seconds while others answer. When every try fails the call
 raises ``ServerFailure`` and the entry's ``on_error`` decides, as for a reward that raised; so
 does the reward raising on the server (``RemoteRewardError``). What no retry can fix is a
-UserError at once, naming the server: a wrong API key (401), a reward the server does not serve
-(404), a request it refuses (422), an answer that breaks the protocol (not JSON, a missing field,
-the wrong number of scores, a score that is no number), and a reward that returns no valid scores.
+UserError at once, naming the server: a wrong API key (401), args the server did not fix (403: a
+reward server's operator fixes its args, grpocli.reward_server.fixed; the entry's args may only
+repeat them), a reward the server does not serve (404), a request it refuses (413, 422), an
+answer that breaks the protocol (not JSON, a missing field, the wrong number of scores, a score
+that is no number), and a reward that returns no valid scores.
 
 The API key is read from an environment variable (``api_key_env``, default ``KEY_ENV``), never
 from the recipe. The protocol (ScoreRequest, ScoreAnswer) is grpocli/wire/rewards.py's, spoken
@@ -277,10 +279,17 @@ class RemoteReward:
     def _refused(self, url: str, exc: Refused) -> Exception:
         """The exception for an HTTP error status: a UserError, the reward's error, or _Down."""
         detail, where = exc.detail, f"rewards[{self.index}] (server {url})"
-        if exc.status in (401, 403):
+        if exc.status == 401:
             return UserError(f"reward server {url} refused the API key (HTTP {exc.status}): {detail}",
                              where=f"rewards[{self.index}].api_key_env", valid="the key the server was started with",
                              hint=f"export {self.key_env}=KEY, the key given to grpo reward-serve --api-key")
+        if exc.status == 403:  # args the server did not fix: its operator chooses them, not this recipe
+            return UserError(f"reward server {url} refused the args of {self.name!r} (HTTP 403): {detail}",
+                             where=f"rewards[{self.index}].args",
+                             valid="args that repeat those the server was started with (GET /info lists them), "
+                                   "or none",
+                             hint="leave args out of this [[rewards]] entry (the server applies its own), or ask its "
+                                  f"operator to start it with --args '{self.name}={{...}}'")
         if exc.status == 404:
             return UserError(f"reward server {url} does not serve {self.name!r}: {detail}",
                              where=f"rewards[{self.index}].name", valid="a reward the server serves (GET /info)",

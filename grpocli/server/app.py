@@ -2,7 +2,9 @@
 
 The server binds 127.0.0.1 unless told otherwise. With an API key, every route that changes
 state (weights, cache, group, close) requires it, as ``Authorization: Bearer KEY`` or
-``X-API-Key: KEY``. A malformed request gets a 4xx whose ``detail`` says what was wrong (a 422
+``X-API-Key: KEY``, checked from the headers before the body is read (an unknown path needs it
+too: grpocli.serving.access.guard); every body but a weight bucket's is bounded by
+``DEFAULT_MAX_BODY`` (413). A malformed request gets a 4xx whose ``detail`` says what was wrong (a 422
 lists each field's location and reason, never echoing the input back: it may hold a NaN, which
 JSON cannot carry); no request can stop the server except POST /close, which stops it even when
 the engine is stuck (``run_server``). /health answers 503 with the reason when the engine is stuck
@@ -25,7 +27,7 @@ from fastapi.responses import JSONResponse
 from grpocli.server.chat import check_text_length
 from grpocli.server.host import EngineHost
 from grpocli.server.trl import add_trl_routes
-from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, key_check
+from grpocli.serving.access import LOOPBACK, ServerError, add_error_handlers, check_port, guard, key_check
 from grpocli.wire import generation as wire
 from grpocli.wire.generation import (
     PROTOCOL_VERSION,
@@ -51,6 +53,7 @@ def build_app(host: EngineHost, *, api_key: str | None = None, request_timeout: 
     _add_engine_routes(app, host, key, request_timeout)
     _add_weight_routes(app, host, key)
     add_trl_routes(app, host, key, request_timeout=request_timeout, trust_templates=trust_request_chat_template)
+    guard(app, api_key, env=wire.KEY_ENV, limits={wire.BUCKET_PATH: None})
     return app
 
 

@@ -13,11 +13,14 @@ Protocol version 1. Given an API key (``--api-key`` or GRPO_REF_API_KEY), every 
     POST /weights/bucket   ?update_id=...; body: a bucket of the policy's tensors (safetensors), mixed in
     POST /weights/end      UpdateId -> weights_version, tensors, seconds
     POST /weights/abort    UpdateId
-    GET  /weights/bucket   ?index=k -> bucket k of the current weights (safetensors); header X-Bucket-Count
+    GET  /weights/bucket   ?index=k -> bucket k of the current weights (safetensors); headers X-Bucket-Count
+                           and X-Weights-Version (the buckets of one download are of one version)
     POST /close            the server stops
 
-Errors are JSON ``{"detail": reason}``: 400/422 a bad request (naming the field), 401 no key, 409 an
-update out of order or damaged weights, 504 a request past its timeout, 503 a stuck or dead worker.
+Errors are JSON ``{"detail": reason}``: 400/422 a bad request (naming the field), 401 no key (from
+the headers, before the body is read), 409 an update out of order or damaged weights (no log-probs
+or download from half-mixed weights, even for a request that waited behind the update that left
+them so), 413 a body over the bound, 504 a request past its timeout, 503 a stuck or dead worker.
 The trainer builds its LogprobRequest with ``model_construct`` (the server checks every body).
 """
 
@@ -32,7 +35,7 @@ KIND = "reference"  # /info's "kind": what tells a ref-serve from another grpo s
 KEY_ENV = "GRPO_REF_API_KEY"
 HEALTH_PATH, INFO_PATH, LOGPROBS_PATH, CLOSE_PATH = "/health", "/info", "/logprobs", "/close"
 BEGIN_PATH, BUCKET_PATH, END_PATH, ABORT_PATH = "/weights/begin", "/weights/bucket", "/weights/end", "/weights/abort"
-BUCKET_COUNT_HEADER = "X-Bucket-Count"
+BUCKET_COUNT_HEADER, VERSION_HEADER = "X-Bucket-Count", "X-Weights-Version"
 TokenIds = list[int]
 
 
@@ -86,5 +89,5 @@ class MixBegun(BaseModel):
 
 
 __all__ = ["ABORT_PATH", "BEGIN_PATH", "BUCKET_COUNT_HEADER", "BUCKET_PATH", "CLOSE_PATH", "END_PATH", "HEALTH_PATH",
-           "INFO_PATH", "KEY_ENV", "KIND", "LOGPROBS_PATH", "PROTOCOL_VERSION", "BeginMix", "LogprobAnswer",
-           "LogprobRequest", "MixBegun", "ReferenceInfo", "SequenceGroup", "UpdateId"]
+           "INFO_PATH", "KEY_ENV", "KIND", "LOGPROBS_PATH", "PROTOCOL_VERSION", "VERSION_HEADER", "BeginMix",
+           "LogprobAnswer", "LogprobRequest", "MixBegun", "ReferenceInfo", "SequenceGroup", "UpdateId"]

@@ -244,6 +244,25 @@ def test_health_is_not_ok_while_the_weights_are_not_one_complete_version(plain):
     normal_generate_answers(plain)
 
 
+# -- issue 31 item 4: the key before the body ------------------------------------------------------
+@pytest.mark.slow
+def test_a_big_body_without_the_key_is_refused_before_it_is_read(plain):
+    """A path that needs the key refuses a request without it (401) from its headers, before a byte of
+    its 100 MB body is read; a path open to all (generate: TRL's client sends no key) bounds the body (413)."""
+    from big_body import memory_mb, send
+
+    before = memory_mb(plain.proc.pid)
+    for path in ("/weights/begin", "/weights/bucket?update_id=x", "/update_weights", "/close"):
+        status, answer, took = send(plain.url, path, 100 * 2**20)
+        assert status == 401 and "API key" in answer["detail"], (path, answer)
+        assert took < 100 * 2**20
+    status, answer, _ = send(plain.url, "/v1/completions", 300 * 2**20)
+    assert status == 413 and "larger than /v1/completions takes (256 MiB)" in answer["detail"], answer
+    after = memory_mb(plain.proc.pid)
+    assert after["hwm"] - before["hwm"] < 16, (before, after)
+    normal_generate_answers(plain)
+
+
 # -- item 7: engine work nobody waits for ---------------------------------------------------------
 @pytest.mark.slow
 def test_the_generation_of_a_client_that_disconnects_is_aborted(plain):

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 import torch
+from big_body import memory_mb, send
 from tiny_runs import FAST
 
 from grpocli.errors import UserError
@@ -54,6 +55,12 @@ def _reference_model():
     return load_reference(recipe.model, recipe.train.seed), load_tokenizer(recipe.model)
 
 
+class Url(str):
+    """The server's URL, and its process id (``pid``)."""
+
+    pid: int
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real `grpo ref-serve` on the reference model the FAST recipe builds in process."""
@@ -68,7 +75,8 @@ def server(tmp_path_factory):
             [sys.executable, "-m", "grpocli.cli.app", "ref-serve", "--model", str(model_dir), "--port", str(port),
              "--dtype", "float32", "--api-key", KEY, "--max-batch-tokens", str(BUDGET)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
+    url = Url(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         deadline = time.monotonic() + 120
         while _poll(url) is None:
@@ -254,6 +262,64 @@ def test_timeouts_and_an_abandoned_update(server):
     answers = client.logprobs(groups, 1.0)
     assert torch.allclose(torch.tensor(answers[0][0], dtype=torch.float64),
                           _naive_logprobs(model, groups[0][0], groups[0][1][0], 1.0), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_request_that_waited_on_an_update_that_expired_half_sent_is_never_answered_from_mixed_weights(server):
+    """Issue 31 item 8: a /logprobs held behind an open update is refused (409) once the update expires
+    with half its tensors mixed in (main's code answered it from the half-mixed weights), and so is a
+    download; a complete alpha = 1 update brings back the answers of before."""
+    from grpocli.generation.weights import pack_bucket
+
+    client = ReferenceClient(server, timeout=60, api_key=KEY)
+    model, _ = _reference_model()
+    groups = _groups(11)
+    body = {"groups": [{"prompt_ids": p, "completion_ids": cs} for p, cs in groups], "temperature": 1.0}
+    status, before = _call("POST", server + "/logprobs", body)
+    assert status == 200, before
+    uid = client.call("POST", "/weights/begin", {"alpha": 0.5, "timeout": 3.0})["update_id"]
+    name, tensor = next(iter(model.state_dict().items()))  # half the update: one tensor, far from the server's
+    client.call("POST", f"/weights/bucket?update_id={uid}", pack_bucket([(name, torch.randn_like(tensor) * 3)]))
+    held: dict[str, tuple] = {}
+    waiter = threading.Thread(target=lambda: held.__setitem__("answer", _call("POST", server + "/logprobs", body)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while client.call("GET", "/info")["waiting"] < 1:  # held behind the open update
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    waiter.join(60)  # the update expires 3 s after its last call; then the held request is answered
+    status, answer = held["answer"]
+    if status == 200:  # answered from the previous complete weights: allowed, and then exactly those
+        assert answer["logprobs"] == before["logprobs"] and answer["weights_version"] == before["weights_version"]
+    else:
+        assert status == 409, answer
+        assert "the reference weights are partly mixed" in answer["detail"] and "no call for 3 s" in answer["detail"]
+    assert client.call("GET", "/info")["damaged"]
+    status, answer = _call("GET", server + "/weights/bucket?index=0")
+    assert status == 409 and "partly mixed" in answer["detail"], answer  # no checkpoint of them either
+    with pytest.raises(UserError, match="HTTP 409: the reference weights are partly mixed"):
+        client.state_dict()
+    client.load_state_dict(dict(model.state_dict()))  # as a resume does: alpha = 1
+    status, after = _call("POST", server + "/logprobs", body)
+    assert status == 200 and after["weights_version"] == client.call("GET", "/info")["weights_version"]
+    assert torch.allclose(torch.tensor([x for g in after["logprobs"] for c in g for x in c]),
+                          torch.tensor([x for g in before["logprobs"] for c in g for x in c]), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_big_body_without_the_key_is_refused_before_it_is_read(server):
+    """Issue 31 item 4: the key from the headers (401) before a byte of the body is read, whatever the
+    path; with the key, a JSON body past the bound is a 413 (a weight bucket has none)."""
+    before = memory_mb(server.pid)
+    for path in ("/logprobs", "/weights/bucket?update_id=x", "/nowhere"):
+        status, answer, took = send(server, path, 100 * 2**20)
+        assert status == 401 and "API key" in answer["detail"], (path, answer)
+        assert took < 100 * 2**20
+    after = memory_mb(server.pid)
+    assert after["hwm"] - before["hwm"] < 16, (before, after)
+    status, answer, _ = send(server, "/logprobs", 300 * 2**20, headers={"X-API-Key": KEY})
+    assert status == 413 and "larger than /logprobs takes (256 MiB)" in answer["detail"], answer
+    assert memory_mb(server.pid)["hwm"] - before["hwm"] < 16
 
 
 def test_no_server_is_a_user_error_naming_the_url():

@@ -70,9 +70,11 @@ def served_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(served_dir):
-    """One `grpo reward-serve` with a built-in and module:function rewards, behind an API key."""
+    """One `grpo reward-serve` with a built-in and module:function rewards, behind an API key; the
+    operator fixes length's target and lets requests pick record's scale from a list."""
     srv = RewardServer("length", "srv_rewards:record", "srv_rewards:boom", "srv_rewards:bad_values",
-                       cwd=served_dir, api_key=KEY)
+                       cwd=served_dir, api_key=KEY,
+                       args=("--args", 'length={"target": 3}', "--allow", 'srv_rewards:record={"scale": [1, 2.0]}'))
     yield srv
     srv.stop()
 
