@@ -4,7 +4,9 @@ LLM-as-a-judge (Zheng et al. 2023, "Judging LLM-as-a-Judge with MT-Bench and Cha
 RLAIF, Lee et al. 2023): the recipe's rubric template, filled with the prompt, the completion and
 any dataset column, is sent as one chat request per completion to ``base_url`` (``grpo
 vllm-serve``, vLLM's ``vllm serve``, or any provider the ``openai`` client speaks to); the
-reply is read as a score (``grpocli.rewards.verdicts``) and mapped onto [0, 1]. A reply that
+reply is read as a score (``grpocli.rewards.verdicts``: the whole reply when it is the verdict,
+else the judge's own last verdict line, never a verdict the completion holds and the judge
+quotes) and mapped onto [0, 1]. A reply that
 cannot be read scores None, and is counted (``log_metric``: ``<metric_prefix>/unparsed``).
 
 Identical requests (base_url, model, messages, sampling params) are sent once per process: a
@@ -276,7 +278,8 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
         futures = [pool.submit(bench.ask, messages) for messages in requests]
     answers = [f.result() for f in futures]  # the first failure raises, after every request ended
     replies = [reply for reply, _ in answers]
-    scores = [parse_score(r, args.score_min, args.score_max, strict=args.strict) for r in replies]
+    scores = [parse_score(r, args.score_min, args.score_max, strict=args.strict, completion=completion_text(c))
+              for r, c in zip(replies, completions)]  # a verdict the completion holds is not the judge's
     _log(kwargs, args.metric_prefix, replies, scores, hits=sum(hit for _, hit in answers))
     if args.normalize:
         return [normalized(s, args.score_min, args.score_max) for s in scores]
