@@ -274,7 +274,7 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
     bench = judge_for(args)
     requests = [_messages(args, p, c, {k: v[i] for k, v in columns.items()}) for i, (p, c)
                 in enumerate(zip(prompts, completions))]
-    with ThreadPoolExecutor(max_workers=min(args.concurrency, max(n, 1))) as pool:
+    with ThreadPoolExecutor(max_workers=min(args.concurrency, max(n, 1)), thread_name_prefix="grpo-judge") as pool:
         futures = [pool.submit(bench.ask, messages) for messages in requests]
     answers = [f.result() for f in futures]  # the first failure raises, after every request ended
     replies = [reply for reply, _ in answers]
