@@ -72,8 +72,16 @@ class EnvironmentCalls:
             if callable(method):
                 found = self.call("get_metrics()", method, "get_metrics() -> dict of numbers")
                 for name, value in (found or {}).items():
-                    out[name] = out.get(name, 0.0) + float(value)
+                    out[name] = out.get(name, 0.0) + self._number(name, value)
         return out
+
+    def _number(self, name: str, value: Any) -> float:
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError):  # 10**400 too
+            shown = f"a {type(value).__name__}" if isinstance(value, int) else repr(value)[:80]
+            raise UserError(f"get_metrics() of the {self.name} gave {name!r} = {shown}, not a float", where=WHERE,
+                            valid="get_metrics() -> dict of numbers (each a float)", hint="fix get_metrics()") from None
 
     def call(self, method: str, fn: Callable[[], Any], valid: str) -> Any:
         """``fn()`` bounded by ``timeout`` seconds (in a daemon thread, or in the main thread under
