@@ -195,7 +195,9 @@ class TurnLoop:
                     where="multi_turn.environment", valid="reset(**row) whose return value depends on the row only",
                     hint="draw the environment's randomness from a dataset column (e.g. a seed column)",
                 )
-            observation = seen.pop()
+            # what reset returns joins the prompt's end, which is cut to max_prompt_length tokens: no more
+            # characters than those can hold are tokenized (10 MB took 20 s to tokenize whole)
+            observation = seen.pop()[-self.max_prompt_length * self.tool_turns.max_token_chars :]
             if observation:
                 messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
             self.prompt_messages.append(messages)

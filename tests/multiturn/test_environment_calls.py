@@ -98,3 +98,24 @@ def test_an_environment_that_refuses_a_thread_runs_in_the_main_thread_still_boun
         calls.call("respond()", _sleeps, VALID)  # in the main thread: stopped, not left behind
     assert time.monotonic() - started < 5
     assert threading.current_thread() is threading.main_thread()
+
+
+def test_a_huge_reset_observation_is_cut_to_what_the_prompt_can_hold_before_tokenizing():
+    """reset's text joins the prompt's end, kept to data.max_prompt_length tokens: 50 MB of it is
+    cut in characters first (tokenizing 10 MB whole took 20 s here), and the prompt's tokens are the same."""
+    from turn_fixtures import ROWS, recipe
+
+    from grpocli.models import load_tokenizer
+    from grpocli.multiturn.toolbox import Toolbox
+    from grpocli.multiturn.turns import TurnLoop
+
+    class Huge:
+        def reset(self, **row):
+            return " " + "abc " * 12_500_000 + "THE END"
+
+    r = recipe("tools=[]", "data.max_prompt_length=64")
+    loop = TurnLoop(Toolbox([], environment=Huge), load_tokenizer(r.model), r)
+    started = time.monotonic()
+    ids = loop.prompts(ROWS[:1], [Huge()], 1)
+    assert time.monotonic() - started < 10
+    assert len(ids[0]) == 64 and "THE END" in loop.tokenizer.decode(ids[0])
