@@ -38,7 +38,7 @@ from grpocli.recipe.section import Section
 from grpocli.registry.contracts import recipe_args
 from grpocli.registry.hookspecs import REWARD_KEYWORDS
 from grpocli.rewards.text import completion_text
-from grpocli.rewards.verdicts import normalized, parse_score
+from grpocli.rewards.verdicts import MAX_PARSED_CHARS, normalized, parse_score
 
 DEFAULT_RUBRIC = (
     "You are grading a response to a task.\n\nTask:\n{prompt}\n\nResponse:\n{completion}\n\n"
@@ -305,7 +305,15 @@ def _log(kwargs: Mapping[str, Any], prefix: str, replies: list, scores: list, *,
         log_metric(f"{prefix}/requests", float(len(replies) - hits))
         log_metric(f"{prefix}/cache_hits", float(hits))
     if callable(log_extra):
-        log_extra(f"{prefix}/reply", list(replies))
+        log_extra(f"{prefix}/reply", [logged_reply(r) for r in replies])
+
+
+def logged_reply(reply: str | None) -> str | None:
+    """A reply as the rollouts keep it: whole, or its last MAX_PARSED_CHARS (where the verdict is
+    read) after a note, so that a judge answering megabytes does not fill the run directory."""
+    if reply is None or len(reply) <= MAX_PARSED_CHARS:
+        return reply
+    return f"[grpo kept the last {MAX_PARSED_CHARS} of {len(reply)} characters] " + reply[-MAX_PARSED_CHARS:]
 
 
 __all__ = ["DEFAULT_RUBRIC", "Judge", "JudgeArgs", "JudgeUnavailable", "ReplyCache", "check_args", "judge",

@@ -198,3 +198,13 @@ def test_an_endpoint_that_does_not_answer_raises_for_on_error_to_decide(monkeypa
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
         with pytest.raises(judge_module.JudgeUnavailable, match=r"did not answer after 0 retries.*fix args.base_url"):
             judge(["q"], ["a"], model="m", base_url=url, max_retries=0, timeout=5.0)
+
+
+def test_a_reply_of_megabytes_is_kept_in_the_rollouts_by_its_end():
+    from grpocli.rewards.judge import logged_reply
+    from grpocli.rewards.verdicts import MAX_PARSED_CHARS
+
+    assert logged_reply("Score: 7") == "Score: 7" and logged_reply(None) is None
+    kept = logged_reply("x" * 5_000_000 + "\nScore: 7")
+    assert kept.startswith(f"[grpo kept the last {MAX_PARSED_CHARS} of 5000009 characters] ")
+    assert kept.endswith("Score: 7") and len(kept) < MAX_PARSED_CHARS + 100
