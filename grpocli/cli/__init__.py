@@ -15,4 +15,5 @@
     ref_serve.py      `grpo ref-serve`
     reward_serve.py   `grpo reward-serve`
     failures.py       failures of the machine rather than of grpo (a full disk, a read-only place, memory)
+    shutdown.py       the exit: its code, never held open by a thread that hangs (a tool, judge, environment)
 """

@@ -21,6 +21,7 @@ from grpocli.cli import (
     ref_serve,
     reward_serve,
     serve,
+    shutdown,
     train,
 )
 from grpocli.errors import Stopped, UserError
@@ -74,23 +75,41 @@ def report(exc: UserError) -> None:
 
 
 def main() -> None:
+    """Run the command; exit with its code, never held open by a thread that hangs (cli/shutdown.py)."""
+    import threading
+
+    before = set(threading.enumerate())
+    try:
+        code = _run()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - a bug: its traceback, as Python prints it, then exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    shutdown.leave(code, before)
+
+
+def _run() -> int | str | None:
     try:
         app()
     except UserError as exc:
         report(exc)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except Stopped as exc:  # SIGTERM / SIGINT during `grpo train`: not an error
         if exc.kept:
             print(f"stopped by {exc.name}: {exc.kept}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except KeyboardInterrupt:
-        sys.exit(130)
+        return 130
     except (OSError, MemoryError, RuntimeError) as exc:  # a full disk, a read-only place, memory
         error = failures.as_user_error(exc, _command())
         if error is None:
             raise
         report(error)
-        sys.exit(error.exit_code)
+        return error.exit_code
+    return 0
 
 
 def _command() -> str:

@@ -43,31 +43,96 @@ def trl(
                                       help="TRL's world size (accelerate's --num_processes): the batch counts it."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
 ) -> None:
-    import tomli_w
-
     from grpocli.errors import UserError
-    from grpocli.recipe.loader import load_recipe
     from grpocli.recipe.trl_config_file import read_config
     from grpocli.recipe.trl_import import convert
 
     out = Path(output)
-    fields = read_config(config)
+    fields = read_config(config)  # a bad value or an oversized file stops here: nothing is written
     if out.exists() and not force:
         raise UserError(f"{out} exists", valid="a new file, or --force to overwrite it",
                         hint=f"grpo import trl {config} -o {out} --force")
-    recipe, lines = convert(fields, num_processes=num_processes)
-    for line in lines:
-        typer.echo(line.render())
+    try:
+        recipe, lines = convert(fields, num_processes=num_processes)
+    except UserError as exc:  # a value TRL's arithmetic refuses: named with the file
+        raise UserError(exc.what, where=f"{config}: {exc.where}" if exc.where else config, valid=exc.valid,
+                        hint=exc.hint) from None
     header = (f"# Imported from the TRL config {config} by `grpo import trl` (num_processes {num_processes}).\n"
               "# TRL's conventions and TRL's defaults where grpo's differ are written out; see docs/coming-from-trl.md "
               "(Coming from TRL).\n")
+    text = header + toml_text(recipe, config)
+    for line in lines:
+        typer.echo(line.render())
+    write_checked(text, out, config)
+    typer.echo(f"wrote {out}; next: grpo train {out} --dry-run")
+
+
+def toml_text(recipe: dict, config: str) -> str:
+    """The recipe as TOML; UserError naming the key where a value TOML cannot hold (null) came from."""
+    import tomli_w
+
+    from grpocli.errors import UserError
+
+    null = _null_key(recipe)
+    if null is not None:
+        raise UserError(f"{config} gives {null} no value (null), which a recipe cannot hold",
+                        where=f"{config}: {_trl_fields(null) or null}", valid="a value, or leave the field out",
+                        hint=f"fix the value in {config}")
+    return tomli_w.dumps(recipe)
+
+
+def write_checked(text: str, out: Path, config: str) -> None:
+    """Write ``text`` to ``out`` only once it loads as a recipe: it is loaded from a file beside ``out``,
+    which replaces ``out`` (atomically) where it loads and is removed where not; a file already at
+    ``out`` is left as it was. UserError naming the recipe key and the TRL field it came from."""
+    import os
+
+    from grpocli.errors import UserError
+    from grpocli.recipe.loader import load_recipe
+
+    trial = out.with_name(f".{out.name}.grpo-import-{os.getpid()}.toml")
     try:
-        out.write_text(header + tomli_w.dumps(recipe), encoding="utf-8")
+        trial.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror}", valid="a writable path", hint="-o OTHER.toml") from None
     try:
-        load_recipe(str(out))
+        load_recipe(str(trial))
+        os.replace(trial, out)
     except UserError as exc:
-        raise UserError(f"{out} was written but does not load: {exc.what}", where=exc.where, valid=exc.valid,
-                        hint=f"edit {out}, or the value in {config}") from None
-    typer.echo(f"wrote {out}; next: grpo train {out} --dry-run")
+        said = exc.what.replace(f" [from file {trial}]", "").replace(str(trial), str(out))
+        fields = sorted({f for key in _keys_in(said) for f in _trl_fields(key).split(", ") if f})
+        raise UserError(f"the recipe from {config} would not load, so {out} was not written: {said}",
+                        where=f"{config}: {', '.join(fields)}" if fields else config, valid=exc.valid,
+                        hint=f"fix the value in {config} (`grpo inspect fields KEY` says what a key takes)") from None
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror}", valid="a writable path", hint="-o OTHER.toml") from None
+    finally:
+        trial.unlink(missing_ok=True)
+
+
+def _null_key(value: object, key: str = "") -> str | None:
+    """The dotted key of the first None in a nested recipe, or None."""
+    if value is None:
+        return key
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _null_key(v, f"{key}.{k}" if key else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def _keys_in(text: str) -> list[str]:
+    """The dotted recipe keys a loader message names (``generation.num_generations: ...``)."""
+    import re
+
+    return re.findall(r"\b([a-z_]{1,40}(?:\.[a-z_]{1,40}){1,3})\b", text)
+
+
+def _trl_fields(key: str) -> str:
+    """The TRL fields (and `trl grpo` arguments) that write recipe key ``key``, comma-separated."""
+    from grpocli.recipe.trl_import import SCRIPT_FIELDS
+    from grpocli.recipe.trl_names import TRL_FIELDS
+
+    pairs = [*((n, k) for n, (k, _) in TRL_FIELDS.items()), *SCRIPT_FIELDS.items()]
+    return ", ".join(n for n, k in pairs if k and (key == k or key.startswith(k + ".")))

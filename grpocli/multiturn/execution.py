@@ -8,11 +8,12 @@ word and the call wait out its timeout; os._exit would end the process: while to
 raises instead, grpocli.rewards.invocation.exits_caught); one that runs past the timeout becomes
 a timeout message and its thread is abandoned (a daemon: it can neither hold up the step nor
 the process exit), together with the calls after it in that rollout. Nothing a tool does stops
-the step.
+the step. A result is text from outside: a lone surrogate in it becomes U+FFFD (``well_formed``).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from grpocli.multiturn.parsers import ToolCall
 from grpocli.rewards.invocation import ProcessExit, exits_caught
 
+SURROGATES = re.compile("[\ud800-\udfff]")
 _warned: set[tuple[str, str]] = set()  # (tool, "sys.exit" | "os._exit") already said on stderr
 _warned_lock = threading.Lock()
 
@@ -56,7 +58,8 @@ class _Worker:
             try:
                 outcome = run_call(call, self.functions)
             except BaseException as exc:  # noqa: BLE001 - whatever ends a thread must not leave the turn waiting
-                outcome = Outcome(f"Error: the tool {call.name!r} raised {type(exc).__name__}: {exc}", error=True)
+                outcome = Outcome(well_formed(f"Error: the tool {call.name!r} raised {type(exc).__name__}: {exc}"),
+                                  error=True)
             with self.done:
                 if self.abandoned:
                     return
@@ -80,12 +83,18 @@ def run_call(call: ToolCall, functions: dict[str, Callable[..., Any]]) -> Outcom
     try:
         result = fn(**call.arguments)
     except Exception as exc:  # noqa: BLE001 (the tool's own failure: the model reads it, the step goes on)
-        return Outcome(f"Error: {type(exc).__name__}: {exc}", error=True)
+        return Outcome(well_formed(f"Error: {type(exc).__name__}: {exc}"), error=True)
     except (SystemExit, ProcessExit) as exc:  # a tool must not end the process, nor its thread without a word
         how = "sys.exit" if isinstance(exc, SystemExit) else "os._exit"
         _warn_once(call.name, how, f"{how}({exc.code!r})")
         return Outcome(f"Error: the tool {call.name!r} called {how}({exc.code!r})", error=True)
-    return Outcome(result if isinstance(result, str) else str(result))
+    return Outcome(well_formed(result if isinstance(result, str) else str(result)))
+
+
+def well_formed(text: str) -> str:
+    """``text`` with each lone surrogate (``"\\ud800"``: no UTF-8 form, refused by every tokenizer)
+    as U+FFFD: a tool's or environment's text, whatever it holds, reaches the model."""
+    return SURROGATES.sub("\ufffd", text)
 
 
 def _warn_once(tool: str, how: str, called: str) -> None:

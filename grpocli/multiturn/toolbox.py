@@ -54,6 +54,7 @@ class Toolbox:
     environment_tools: list[Tool] = field(default_factory=list)  # from a probe instance: the schemas
     environment_source: Resolved | None = None  # the environment as the recipe named it, for messages
     environment_responds: bool | None = None  # a probe instance has respond() (None: ask the factory)
+    environment_timeout: float = 60.0  # seconds a call of its constructor, reset, respond may take
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -119,6 +120,7 @@ def open_toolbox(recipe: Recipe, plugins: Plugins) -> Toolbox | None:
         check(env, ENVIRONMENT, where="multi_turn.environment", args=mt.environment_args,
               args_where="multi_turn.environment_args")
         box.environment, box.environment_args, box.environment_source = env.fn, dict(mt.environment_args), env
+        box.environment_timeout = mt.environment_timeout
         probe = _probe(box)
         box.environment_responds = callable(getattr(probe, "respond", None))
         box.environment_tools = [tool_from_function(getattr(probe, name), "multi_turn.environment",
@@ -196,15 +198,12 @@ def _resolve(kind: str, name: str, where: str, registry: Any) -> Resolved:
 
 
 def _probe(box: Toolbox) -> Any:
-    try:
-        return box.new_environment()
-    except Exception as exc:  # noqa: BLE001 (the user's constructor: named in the error)
-        raise UserError(
-            f"{box.environment_source or 'the environment'} could not be made: {type(exc).__name__}: {exc}",
-            where="multi_turn.environment",
-            valid="a class or factory that takes [multi_turn] environment_args as keyword arguments",
-            hint="check multi_turn.environment_args against the environment's constructor",
-        ) from None
+    """One instance, made as the turn loop makes them (bounded by multi_turn.environment_timeout; an
+    exception, sys.exit or os._exit in the constructor named)."""
+    from grpocli.multiturn.environment_calls import EnvironmentCalls
+
+    calls = EnvironmentCalls(str(box.environment_source or "environment"), box.environment_timeout)
+    return calls.new(box.new_environment)
 
 
 def _check_unique(box: Toolbox) -> None:

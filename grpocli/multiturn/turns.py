@@ -7,7 +7,8 @@
                 grpocli.multiturn.template.ToolTurns) are appended to the rollout's token ids
     reply       a turn without a call goes to the environment's ``respond(messages)`` where it
                 has one (verl's interaction, verifiers' env_response): the text it returns is
-                spliced in as a user turn the same way, and None ends the rollout
+                spliced in as a user turn the same way, and None ends the rollout; its methods
+                are bounded by multi_turn.environment_timeout (grpocli.multiturn.environment_calls)
     turn k      every rollout still live generates at once from its prompt + completion so far
 
 A rollout ends when the model answers without a call (a final answer) and no environment
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, GenerationBackend, Sampling
+from grpocli.multiturn.environment_calls import EnvironmentCalls
 from grpocli.multiturn.execution import Outcome, run_turn
 from grpocli.multiturn.parsers import TOOL_CALL_PARSERS, ToolCall
 from grpocli.multiturn.template import ToolTurns, render_with_tools
@@ -118,6 +120,8 @@ class TurnLoop:
         self.budget = recipe.generation.max_completion_length
         self.parse, self.strip = TOOL_CALL_PARSERS[self.section.tool_parser]
         self.tool_turns = ToolTurns(tokenizer)
+        self.environment = EnvironmentCalls(str(toolbox.environment_source or "environment"),
+                                            self.section.environment_timeout)
         self.prompt_messages: list[list[dict[str, Any]]] = []  # [B] the last batch's prompt messages
 
     def new_stats(self) -> TurnStats:
@@ -136,7 +140,8 @@ class TurnLoop:
     def sample(self, backend: GenerationBackend, rows: list[dict[str, Any]], n: int,
                sampling: Sampling) -> Conversations:
         """n multi-turn rollouts of each row, prompt-major, every live rollout generating at once."""
-        envs = [self.toolbox.new_environment() for _ in range(len(rows) * n)]
+        envs = [self.environment.new(self.toolbox.new_environment) if self.toolbox.environment is not None else None
+                for _ in range(len(rows) * n)]
         prompt_ids = self.prompts(rows, envs, n)
         state = [_Rollout() for _ in envs]
         stats = TurnStats(rollouts=len(state))
@@ -167,7 +172,7 @@ class TurnLoop:
             contexts, count = [prompt_ids[i // n] + state[i].ids for i in live], 1
         stats.final = sum(1 for r in state if r.messages and r.done and not r.truncated
                           and "tool_calls" not in r.messages[-1])
-        stats.env = environment_metrics(envs)
+        stats.env = self.environment.metrics(envs)
         generated = Generated(prompt_ids=prompt_ids, completion_ids=[r.ids for r in state],
                               truncated=[r.truncated for r in state],
                               logprobs=[r.logprobs for r in state] if with_logprobs else None)
@@ -183,7 +188,7 @@ class TurnLoop:
         texts, self.prompt_messages = [], []
         for b, row in enumerate(rows):
             messages = build_messages(row, self.data)
-            seen = {_reset(env, row) for env in envs[b * n : (b + 1) * n]}
+            seen = {self.environment.reset(env, row) for env in envs[b * n : (b + 1) * n]}
             if len(seen) > 1:
                 raise UserError(
                     "the environment's reset() returned different text for rollouts of one prompt: GRPO compares "
@@ -191,7 +196,9 @@ class TurnLoop:
                     where="multi_turn.environment", valid="reset(**row) whose return value depends on the row only",
                     hint="draw the environment's randomness from a dataset column (e.g. a seed column)",
                 )
-            observation = seen.pop()
+            # what reset returns joins the prompt's end, which is cut to max_prompt_length tokens: no more
+            # characters than those can hold are tokenized (10 MB took 20 s to tokenize whole)
+            observation = seen.pop()[-self.max_prompt_length * self.tool_turns.max_token_chars :]
             if observation:
                 messages[-1] = {**messages[-1], "content": f"{messages[-1]['content']}{observation}"}
             self.prompt_messages.append(messages)
@@ -258,7 +265,7 @@ class TurnLoop:
         On the ``last`` turn (or after a stop token no turn can follow) the environment still sees
         the answer, and what it returns is dropped: the rollout ends."""
         r.reply = False
-        text = _respond(env, [*prompt, *r.messages])
+        text = self.environment.respond(env, [*prompt, *r.messages])
         if text is None or last or r.ids[-1] != self.tokenizer.eos_token_id:
             r.done = True
             return
@@ -272,38 +279,3 @@ class TurnLoop:
         r.ids += ids
         r.mask += [0] * len(ids)
         r.logprobs += [0.0] * len(ids)
-
-
-def environment_metrics(envs: list[Any]) -> dict[str, float]:
-    """The sums over rollouts of each environment's optional ``get_metrics()`` (a dict of numbers)."""
-    out: dict[str, float] = {}
-    for env in envs:
-        method = getattr(env, "get_metrics", None)
-        if callable(method):
-            for name, value in (method() or {}).items():
-                out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
-def _respond(env: Any, messages: list[dict[str, Any]]) -> str | None:
-    try:
-        text = env.respond(messages)
-    except Exception as exc:  # noqa: BLE001 (the user's respond: named in the error)
-        raise UserError(f"the environment's respond() raised {type(exc).__name__}: {exc}",
-                        where="multi_turn.environment", valid="respond(messages) -> str | None: the next user "
-                        "message, or None to end the rollout", hint="fix respond()") from None
-    return None if text is None else str(text)
-
-
-def _reset(env: Any, row: dict[str, Any]) -> str:
-    """Start an environment on a dataset row (TRL's reset(**row)); the text it returns, or ''."""
-    if env is None or not callable(getattr(env, "reset", None)):
-        return ""
-    columns = {k: v for k, v in row.items() if k != "prompt_text"}
-    try:
-        observation = env.reset(**columns)
-    except Exception as exc:  # noqa: BLE001 (the user's reset: named in the error)
-        raise UserError(f"the environment's reset() raised {type(exc).__name__}: {exc}",
-                        where="multi_turn.environment", valid="reset(**row) taking the dataset's columns "
-                        "as keyword arguments (or **kwargs)", hint="fix reset(), or check the dataset's columns") from None
-    return "" if observation is None else str(observation)

@@ -15,7 +15,8 @@
     catalog.py            the built-in recipes (recipes/ in the checkout, grpocli/recipes in the wheel)
     resume.py             what may change when a run resumes, and what may not
     trl_names.py          TRL 1.16's GRPOConfig fields and the recipe key of each
-    trl_config_file.py    a TRL GRPOConfig read from YAML or JSON
+    trl_types.py          the type of each TRL field's value, checked (and read as `trl grpo --config` does)
+    trl_config_file.py    a TRL GRPOConfig read from YAML or JSON (bounded), its values typed
     trl_import.py         `grpo import trl`: a GRPOConfig -> a recipe that trains as TRL would
 
 Below every package but grpocli.algorithms (its variant tables name the accepted losses and

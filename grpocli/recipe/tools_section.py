@@ -35,6 +35,13 @@ class MultiTurnSection(Section):
         description="Seconds one tool call may take; a call past it (or one that raises) becomes an "
         "error message to the model and counts in tools/errors, never a hung or failed step.",
     )
+    environment_timeout: float = Field(
+        60.0, gt=0.0, le=3600.0,
+        description="Seconds one call of the environment's own methods may take (its constructor, reset, "
+        "respond: an OpenEnv step or a verifiers env_response, get_metrics); a call past it, or one that "
+        "raises or calls sys.exit / os._exit, stops the run (exit 2) naming the method and where it waits. "
+        "Its tool methods are tools (tool_timeout).",
+    )
     tool_parser: Literal["hermes"] = Field(
         "hermes",
         description="How the model writes a tool call (grpocli.multiturn.parsers.TOOL_CALL_PARSERS): 'hermes' is "

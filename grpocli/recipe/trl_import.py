@@ -101,6 +101,11 @@ def _batch(b: _Build, f: dict[str, Any], given: set[str], nproc: int) -> None:
     """TRL's batch arithmetic (GRPOConfig.__post_init__) in grpo's units."""
     pdb, ga, g = f["per_device_train_batch_size"], f["gradient_accumulation_steps"], f["num_generations"]
     spg, gbs = f.get("steps_per_generation"), f.get("generation_batch_size")
+    for name, least in (("per_device_train_batch_size", 1), ("gradient_accumulation_steps", 1),
+                        ("num_generations", 2), ("steps_per_generation", 1), ("generation_batch_size", 1)):
+        if f.get(name) is not None and f[name] < least:  # TRL's __post_init__ divides by them
+            raise UserError(f"{name} = {f[name]}", where=name, valid=f"an integer >= {least} (TRL refuses it too)",
+                            hint=f"fix {name} in the config")
     where = f"per_device_train_batch_size={pdb}, gradient_accumulation_steps={ga}, num_processes={nproc}"
     if spg is None and gbs is None:
         spg = ga
@@ -187,6 +192,9 @@ def _warmup(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
     steps = f.get("max_steps") or -1
     if not value:
         return
+    if not (math.isfinite(value) and value >= 0):
+        raise UserError(f"{name} = {value}", where=name, valid="a finite number >= 0 (steps, or below 1 a ratio)",
+                        hint=f"fix {name} in the config")
     if name == "warmup_steps" and value >= 1:
         b.put(name, "mapped", "train.warmup_steps", int(value))
     elif steps > 0:
@@ -286,7 +294,12 @@ def _log_completions(b: _Build, name: str, value: Any, f: dict[str, Any]) -> Non
 def _generation_kwargs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
     for key, v in (value or {}).items():
         if key in ("stop", "stop_strings"):
-            b.put(name, "mapped", "generation.stop", [v] if isinstance(v, str) else list(v))
+            stops = [v] if isinstance(v, str) else v
+            if not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
+                raise UserError(f"generation_kwargs.{key} is {v!r}", where=f"{name}.{key}",
+                                valid="a string or a list of strings",
+                                hint=f"fix generation_kwargs.{key} in the config")
+            b.put(name, "mapped", "generation.stop", stops)
         else:
             b.say(name, "unsupported", f"{key}={v!r}: see `grpo inspect fields generation`")
 

@@ -29,7 +29,8 @@ from grpocli.rewards.text import (
 )
 
 STRICT_FORMAT = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>", re.DOTALL)
-SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)  # read by soft_format()
+SOFT_JOINT = re.compile(r"</think>\s*<answer>")
 STEP_MARKERS = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)", re.MULTILINE)
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 MATH_VERIFY_TIMEOUT_S = 5
@@ -47,7 +48,16 @@ def format_strict(prompts: list, completions: list, **kwargs: Any) -> list[float
 
 def format_soft(prompts: list, completions: list, **kwargs: Any) -> list[float]:
     """1.0 when <think>...</think> is followed by <answer>...</answer> anywhere (TRL's soft format)."""
-    return [1.0 if SOFT_FORMAT.search(completion_text(c)) else 0.0 for c in completions]
+    return [1.0 if soft_format(completion_text(c)) else 0.0 for c in completions]
+
+
+def soft_format(text: str) -> bool:
+    """Whether ``SOFT_FORMAT.search(text)`` finds a match, in linear time (the expression retries from
+    every unclosed <think>: 35 KB of them took 4 s): the first <think>, the first </think><answer>
+    after it, a </answer> after that."""
+    opened = text.find("<think>")
+    joint = SOFT_JOINT.search(text, opened + len("<think>")) if opened != -1 else None
+    return joint is not None and text.find("</answer>", joint.end()) != -1
 
 
 def format_answer_tag(prompts: list, completions: list, **kwargs: Any) -> list[float]:

@@ -155,6 +155,15 @@ def _origin(exc: BaseException) -> str:
 
 def short(value: Any) -> str:
     """A value as a message shows it: its repr (a message list: its last content), at most 80 characters."""
-    text = repr(value if not isinstance(value, list) or not value or not isinstance(value[0], dict)
-                else value[-1].get("content", value))
+    import reprlib
+
+    shown = (value if not isinstance(value, list) or not value or not isinstance(value[0], dict)
+             else value[-1].get("content", value))
+    bounded = reprlib.Repr()  # a 10**6-row list or a 10 MB string: not all of it
+    bounded.maxstring = bounded.maxother = bounded.maxlong = 80
+    bounded.maxlist = bounded.maxtuple = bounded.maxdict = bounded.maxset = 20
+    try:
+        text = bounded.repr(shown)
+    except Exception:  # noqa: BLE001 - an int past 4300 digits (str() refuses it), a __repr__ that raises
+        text = f"<a value of type {type(shown).__name__} that cannot be shown>"
     return text if len(text) <= 80 else text[:77] + "..."

@@ -236,7 +236,7 @@ def _call_in_thread(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: flo
     thread.join(timeout)
     if thread.is_alive():
         _left_behind.append((fn, thread))
-        return Failed(RewardTimeout(timeout, _thread_at(thread), still_running=still_running(fn)))
+        return Failed(RewardTimeout(timeout, thread_at(thread), still_running=still_running(fn)))
     return box["result"]
 
 
@@ -254,7 +254,7 @@ class _Batch:
             return self.future.result(self.wait_s)
         except concurrent.futures.TimeoutError:
             thread = _loop_thread
-            stuck_at = _thread_at(thread) if thread is not None else None
+            stuck_at = thread_at(thread) if thread is not None else None
             _abandon_loop()
             if thread is not None:  # left behind with whichever of them blocks it
                 _left_behind.extend((fn, thread) for fn in self.fns.values())
@@ -317,8 +317,8 @@ def _abandon_loop() -> None:
         _loop, _loop_thread = None, None
 
 
-def _thread_at(thread: threading.Thread) -> str | None:
-    """'file:line' where a running thread waits (see place)."""
+def thread_at(thread: threading.Thread) -> str | None:
+    """'file:line' where a running thread waits (see place); also for tools, environments and the exit."""
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
     spots = []
     while frame is not None:

@@ -4,7 +4,9 @@ LLM-as-a-judge (Zheng et al. 2023, "Judging LLM-as-a-Judge with MT-Bench and Cha
 RLAIF, Lee et al. 2023): the recipe's rubric template, filled with the prompt, the completion and
 any dataset column, is sent as one chat request per completion to ``base_url`` (``grpo
 vllm-serve``, vLLM's ``vllm serve``, or any provider the ``openai`` client speaks to); the
-reply is read as a score (``grpocli.rewards.verdicts``) and mapped onto [0, 1]. A reply that
+reply is read as a score (``grpocli.rewards.verdicts``: the whole reply when it is the verdict,
+else the judge's own last verdict line, never a verdict the completion holds and the judge
+quotes) and mapped onto [0, 1]. A reply that
 cannot be read scores None, and is counted (``log_metric``: ``<metric_prefix>/unparsed``).
 
 Identical requests (base_url, model, messages, sampling params) are sent once per process: a
@@ -36,7 +38,7 @@ from grpocli.recipe.section import Section
 from grpocli.registry.contracts import recipe_args
 from grpocli.registry.hookspecs import REWARD_KEYWORDS
 from grpocli.rewards.text import completion_text
-from grpocli.rewards.verdicts import normalized, parse_score
+from grpocli.rewards.verdicts import MAX_PARSED_CHARS, normalized, parse_score
 
 DEFAULT_RUBRIC = (
     "You are grading a response to a task.\n\nTask:\n{prompt}\n\nResponse:\n{completion}\n\n"
@@ -272,11 +274,12 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
     bench = judge_for(args)
     requests = [_messages(args, p, c, {k: v[i] for k, v in columns.items()}) for i, (p, c)
                 in enumerate(zip(prompts, completions))]
-    with ThreadPoolExecutor(max_workers=min(args.concurrency, max(n, 1))) as pool:
+    with ThreadPoolExecutor(max_workers=min(args.concurrency, max(n, 1)), thread_name_prefix="grpo-judge") as pool:
         futures = [pool.submit(bench.ask, messages) for messages in requests]
     answers = [f.result() for f in futures]  # the first failure raises, after every request ended
     replies = [reply for reply, _ in answers]
-    scores = [parse_score(r, args.score_min, args.score_max, strict=args.strict) for r in replies]
+    scores = [parse_score(r, args.score_min, args.score_max, strict=args.strict, completion=completion_text(c))
+              for r, c in zip(replies, completions)]  # a verdict the completion holds is not the judge's
     _log(kwargs, args.metric_prefix, replies, scores, hits=sum(hit for _, hit in answers))
     if args.normalize:
         return [normalized(s, args.score_min, args.score_max) for s in scores]
@@ -305,7 +308,15 @@ def _log(kwargs: Mapping[str, Any], prefix: str, replies: list, scores: list, *,
         log_metric(f"{prefix}/requests", float(len(replies) - hits))
         log_metric(f"{prefix}/cache_hits", float(hits))
     if callable(log_extra):
-        log_extra(f"{prefix}/reply", list(replies))
+        log_extra(f"{prefix}/reply", [logged_reply(r) for r in replies])
+
+
+def logged_reply(reply: str | None) -> str | None:
+    """A reply as the rollouts keep it: whole, or its last MAX_PARSED_CHARS (where the verdict is
+    read) after a note, so that a judge answering megabytes does not fill the run directory."""
+    if reply is None or len(reply) <= MAX_PARSED_CHARS:
+        return reply
+    return f"[grpo kept the last {MAX_PARSED_CHARS} of {len(reply)} characters] " + reply[-MAX_PARSED_CHARS:]
 
 
 __all__ = ["DEFAULT_RUBRIC", "Judge", "JudgeArgs", "JudgeUnavailable", "ReplyCache", "check_args", "judge",

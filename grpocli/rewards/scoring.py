@@ -66,8 +66,14 @@ class RewardLog:
         self.columns.setdefault(str(column), []).extend(list(values))
 
     def log_metric(self, name: str, value: float) -> None:
-        """TRL's ``log_metric``: a scalar for this batch."""
-        self.metrics.setdefault(str(name), []).append(float(value))
+        """TRL's ``log_metric``: a scalar for this batch (ValueError, raised in the reward that logs it,
+        for a number too large for a float)."""
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(f"log_metric({name!r}, ...) got a number too large for a float "
+                             f"({type(value).__name__})") from None
+        self.metrics.setdefault(str(name), []).append(number)
 
 
 @dataclass
@@ -321,6 +327,9 @@ def check_values(i: int, rf: RewardFn, result: Any, n: int) -> list[float | None
         number = _number(value)
         if number is False:
             raise bad(f"{short(value)} ({type(value).__name__}) at row {row}")
+        if number is not None and math.isinf(number) and not _is_float(value):  # 10**400: past float's range
+            raise bad(f"{_magnitude(value)} ({type(value).__name__}) at row {row}, beyond +-{MAX_ABS_REWARD:g} "
+                      "(too large for a float)")
         if number is not None and math.isinf(number):
             raise bad(f"{number} at row {row}; infinite rewards make every advantage NaN")
         if number is not None and abs(number) > MAX_ABS_REWARD:
@@ -354,5 +363,21 @@ def _number(value: Any) -> float | None | Literal[False]:
         except (TypeError, ValueError):
             return False
     if isinstance(value, (bool, numbers.Real)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int (or Fraction) past float's range: infinite, said as such by the caller
+            return math.inf if value > 0 else -math.inf
     return False
+
+
+def _is_float(value: Any) -> bool:
+    """Whether ``value`` is a float in itself (a Python, numpy or torch one), not a number made one."""
+    return isinstance(value, float) or "float" in type(value).__name__.lower()
+
+
+def _magnitude(value: Any) -> str:
+    """A number too large to print whole (Python refuses str() past 4300 digits): its size."""
+    sign = "a negative" if value < 0 else "a positive"
+    if isinstance(value, int):
+        return f"{sign} integer of about {int(abs(value).bit_length() * math.log10(2)) + 1} digits"
+    return f"{sign} number past 1e308"

@@ -236,16 +236,21 @@ def test_a_batch_larger_than_the_dataset_is_said(tmp_path):
 
 
 @pytest.mark.slow  # a real `grpo train` step (seconds)
-def test_a_reward_of_1e300_stops_the_run_naming_the_reward_and_row(tmp_path):
-    """statistics.stdev overflowed (AttributeError, a traceback); refused, not clamped: a reward that
-    large is a bug in the reward, and a clamped one would train on it silently."""
+@pytest.mark.parametrize(("value", "says"), [
+    ("1e300", "reward 'huge' returned 1e+300 at row 1"),
+    ("10**400", "reward 'huge' returned a positive integer of about 401 digits (int) at row 1"),
+])
+def test_a_reward_too_large_stops_the_run_naming_the_reward_and_row(tmp_path, value, says):
+    """statistics.stdev overflowed (AttributeError, a traceback), and float(10**400) raised
+    OverflowError (a traceback); refused, not clamped: a reward that large is a bug in the reward,
+    and a clamped one would train on it silently."""
     module = tmp_path / "huge.py"
     module.write_text("def huge(prompts, completions, **kwargs):\n"
-                      "    return [1e300 if i == 1 else 0.0 for i in range(len(completions))]\n")
+                      f"    return [{value} if i == 1 else 0.0 for i in range(len(completions))]\n")
     out_dir = tmp_path / "run"
     out = grpo(tmp_path, "train", "quickstart", *FAST, "train.steps=1", f"rewards=[{{name='{module}:huge'}}]",
                f"train.output_dir='{out_dir}'")
-    assert_user_error(out, "reward 'huge' returned 1e+300 at row 1", "rewards[0]", "within +-1e+12")
+    assert_user_error(out, says, "rewards[0]", "within +-1e+12")
     assert not (out_dir / "checkpoints").exists()
 
 

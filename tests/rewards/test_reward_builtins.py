@@ -165,3 +165,48 @@ def test_math_accuracy_works_off_the_main_thread():
     t.start()
     t.join(60)
     assert result["v"] == [1.0]
+
+
+def test_the_tag_readers_agree_with_their_regular_expressions_on_random_text():
+    """answer_tag, soft_format and last_boxed read as the expressions they replace (ANSWER_TAG's
+    last match, SOFT_FORMAT.search, the last closed \\boxed{}) on random mixes of their pieces."""
+    import random
+    import re
+
+    from grpocli.rewards.builtin import SOFT_FORMAT, soft_format
+    from grpocli.rewards.text import ANSWER_TAG, answer_tag, last_boxed
+
+    def boxed_by_brute_force(text):
+        for start in reversed([m.start() for m in re.finditer(re.escape("\\boxed{"), text)]):
+            depth = 0
+            for j in range(start + len("\\boxed"), len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[start + len("\\boxed{") : j]
+        return None
+
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "x", "\\boxed{", "{", "}", "7"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        found = ANSWER_TAG.findall(text)
+        assert answer_tag(text) == (found[-1].strip() if found else None), text
+        assert soft_format(text) == bool(SOFT_FORMAT.search(text)), text
+        assert last_boxed(text) == boxed_by_brute_force(text), text
+
+
+@pytest.mark.parametrize("crafted", ["<answer>" * 25_000, "<think>" * 25_000, "<think>" + "</think> " * 20_000,
+                                     "\\boxed{" * 25_000, "\\boxed{{" * 20_000])
+def test_a_completion_crafted_for_the_tag_readers_is_read_in_linear_time(crafted):
+    """What a completion can reach: 40 KB of "<answer>" (or "<think>") held the reward for 3-4 s in
+    the regular expressions (quadratic); 200 KB now reads in milliseconds."""
+    import time
+
+    from grpocli.rewards.builtin import format_answer_tag, format_soft
+    from grpocli.rewards.text import last_boxed
+
+    started = time.perf_counter()
+    format_soft([""], [crafted])
+    format_answer_tag([""], [crafted])
+    last_boxed(crafted)
+    assert time.perf_counter() - started < 0.5
