@@ -9,6 +9,9 @@
     engine_options.py  the arguments of ``vllm.LLM`` per device: pure functions
     engine_copy.py     the policy saved for a colocated engine to start from
     engine_sleep.py    the colocated engine's sleep mode (vllm.sleep_mode)
+    inflight.py        the InflightBackend protocol: groups generated while the trainer trains, weights synced
+                       between engine steps, every token's policy version (generation.pipeline = "inflight")
+    engine_thread.py   the colocated engine generating in flight: one thread owns its steps
     vllm_client.py     generation.backend = "vllm-server": `grpo vllm-serve` servers, sent new weights
     server_client.py   the calls to one `grpo vllm-serve` (wire's protocol and client), failures worded
     fleet.py           several `grpo vllm-serve` processes as one

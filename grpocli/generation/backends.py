@@ -36,7 +36,8 @@ def vllm_colocated_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: 
 
     return VllmColocateBackend(model, tokenizer, max_prompt_length=recipe.data.max_prompt_length,
                                max_completion_length=recipe.generation.max_completion_length,
-                               vllm_section=recipe.vllm, dtype=recipe.model.dtype, seed=seed, parallel=parallel)
+                               vllm_section=recipe.vllm, dtype=recipe.model.dtype, seed=seed, parallel=parallel,
+                               inflight=recipe.generation.pipeline == "inflight")
 
 
 def vllm_server_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None) -> Any:
@@ -55,6 +56,11 @@ BACKENDS: dict[str, Callable[..., Any]] = {
     "vllm": vllm_colocated_backend,
     "vllm-server": vllm_server_backend,
 }
+
+
+#: The backends that generate in flight (generation.pipeline = "inflight"): their backend's
+#: ``start_inflight(version)`` returns a grpocli.generation.inflight.InflightBackend.
+INFLIGHT_BACKENDS = ("vllm",)
 
 
 def build_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None = None) -> Any:

@@ -45,6 +45,8 @@ class Generated:
     completion_ids: list[list[int]]      # [B*G][Tc] ends with EOS unless truncated
     truncated: list[bool]                # [B*G]     no EOS within max_tokens
     logprobs: list[list[float]] | None = field(default=None)  # [B*G][Tc] engine's, if any
+    versions: list[list[int]] | None = field(default=None)    # [B*G][Tc] policy version that sampled each
+                                                              # token (generation.pipeline = "inflight")
 
 
 class PromptEncoder:

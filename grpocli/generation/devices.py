@@ -56,6 +56,15 @@ def use_device(device: Any) -> None:
         torch.cuda.set_device(device)
 
 
+def adopt_thread(device: Any, threads: int) -> None:
+    """A worker thread that runs the engine or the model takes the process's CUDA device and torch
+    (OpenMP) thread count: both belong to the thread that set them, and a new thread starts with the
+    defaults (vLLM's CPU attention refuses to run with another count than the engine was built with)."""
+    use_device(device)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def gpu_identity(device: Any) -> dict[str, Any]:
     """What /info says about a device: {"type": "cpu"} or {"type": "cuda", "index", "uuid", "name"};
     the UUID is the same in every process that sees the GPU, whatever its index there."""
@@ -80,4 +89,5 @@ def same_gpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
     return a["uuid"] == b["uuid"]
 
 
-__all__ = ["cuda_device", "current_cuda_device", "gpu_identity", "process_device", "same_gpu", "use_device"]
+__all__ = ["adopt_thread", "cuda_device", "current_cuda_device", "gpu_identity", "process_device", "same_gpu",
+           "use_device"]

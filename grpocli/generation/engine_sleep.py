@@ -23,9 +23,9 @@ from typing import Any
 from grpocli.errors import UserError
 
 
-def check_sleep_mode(level: int, *, backend: str, async_steps: int = 0) -> None:
+def check_sleep_mode(level: int, *, backend: str, async_steps: int = 0, inflight: bool = False) -> None:
     """UserError (exit 2) where vllm.sleep_mode = ``level`` cannot apply: a backend other than the
-    colocated engine, generating ahead, or a vLLM without sleep mode on this platform (vLLM on a CPU).
+    colocated engine, generating ahead or in flight, or a vLLM without sleep mode on this platform (vLLM on a CPU).
     Imports vLLM only for a recipe that asks for sleep mode with the colocated engine."""
     if not level:
         return
@@ -45,6 +45,12 @@ def check_sleep_mode(level: int, *, backend: str, async_steps: int = 0) -> None:
             valid="sleep_mode 0 with async_steps > 0, or async_steps = 0 with sleep mode",
             hint=f"set generation.async_steps=0, {off}",
         )
+    if inflight:
+        raise UserError(
+            f"sleep mode (level {level}) with generation.pipeline = \"inflight\": a sleeping engine cannot generate "
+            "while the trainer trains", where="vllm.sleep_mode",
+            valid="sleep_mode 0 with pipeline 'inflight', or pipeline 'sync' with sleep mode",
+            hint=f"set generation.pipeline=sync, {off}")
     problem = platform_problem()
     if problem:
         raise UserError(

@@ -26,6 +26,8 @@ from grpocli.generation.devices import process_device, use_device
 from grpocli.generation.engine_copy import copy_dir, write_engine_copy
 from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
+from grpocli.generation.engine_thread import EngineThread
+from grpocli.generation.inflight import sampled_logprobs
 from grpocli.generation.vllm_install import check_head_size, import_vllm
 from grpocli.generation.weights import (
     TensorSpec,
@@ -205,15 +207,17 @@ class VllmEngine:
             return self.llm.chat(inputs, params, use_tqdm=False)
         return self.llm.generate(inputs, params, use_tqdm=False)
 
-    def load_weights(self, named: Iterable[tuple[str, Any]]) -> int:
-        """Reload weights in place from (checkpoint name, tensor) pairs; returns how many."""
+    def load_weights(self, named: Iterable[tuple[str, Any]], *, recompute_running: bool = False) -> int:
+        """Reload weights in place from (checkpoint name, tensor) pairs; returns how many. Then the prefix
+        cache is reset; with requests in flight (``recompute_running``) they keep their tokens and their KV
+        cache is computed again by the new weights (vLLM resets no cache that running requests hold)."""
         import logging
 
         # "RotaryEmbedding: Failed to load weights": it has no checkpoint tensors; expected.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         counted = _Counting(named)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counted)})
-        self.llm.reset_prefix_cache()
+        self.llm.reset_prefix_cache(reset_running_requests=recompute_running)
         return counted.count
 
     def reset_prefix_cache(self) -> None:
@@ -249,26 +253,19 @@ class _Counting:
             yield item
 
 
-def sampled_logprobs(completion: Any) -> list[float]:
-    """The log-prob of each sampled token (vLLM puts it first in each position's dict)."""
-    out = []
-    for token, position in zip(completion.token_ids, completion.logprobs or [], strict=False):
-        entry = position.get(token) if position else None
-        out.append(float(entry.logprob) if entry is not None else float("nan"))
-    return out
-
-
 class VllmColocateBackend(PromptEncoder):
     """GenerationBackend on an in-process engine; sync_weights reloads the weights in place.
 
     The engine runs on this process's device (``parallel.device``, else the policy's): on CUDA,
     one engine per training process on its own GPU, as TRL's colocate mode places them. ``dtype``
     is the policy's (model.dtype); the engine's is vllm.dtype, or that (bfloat16 for a float32
-    policy on a GPU with bfloat16; see grpocli.generation.engine_options.engine_dtype).
+    policy on a GPU with bfloat16; see grpocli.generation.engine_options.engine_dtype). ``inflight``:
+    the engine will generate in flight (`start_inflight`), so it steps synchronously.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_prompt_length: int, max_completion_length: int,
-                 vllm_section: VllmSection, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None) -> None:
+                 vllm_section: VllmSection, dtype: str = "auto", seed: int = 0, parallel: Parallel | None = None,
+                 inflight: bool = False) -> None:
         import torch
 
         v = vllm_section
@@ -291,6 +288,7 @@ class VllmColocateBackend(PromptEncoder):
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
                 max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
                 sleep_mode=v.sleep_mode > 0,
+                engine_kwargs={"async_scheduling": False} if inflight else None,  # steps the in-flight thread labels
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
@@ -298,13 +296,26 @@ class VllmColocateBackend(PromptEncoder):
         self.policy = model  # vllm.sleep_mode = 2: the weights sent again when the engine wakes
         self.sleep = EngineSleep(self.engine, v.sleep_mode, self.sync_weights)
         self.sleep.sleep()  # TRL: asleep until the first generation
+        self.stepping: EngineThread | None = None  # generation.pipeline = "inflight": the thread that steps
+
+    def start_inflight(self, version: int) -> EngineThread:
+        """generation.pipeline = "inflight": a thread of this process steps the engine from now on
+        (grpocli.generation.engine_thread); ``version``: the policy version the engine holds."""
+        import torch
+
+        self.stepping = EngineThread(self.engine, load=self._load_in_flight, version=version,
+                                     device=self.engine.device, threads=torch.get_num_threads())
+        return self.stepping
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
         return self.generate_ids(self.encode_prompts(prompts), n, sampling)
 
     def generate_ids(self, prompt_ids: list[list[int]], n: int, sampling: Sampling) -> Generated:
         """n completions of each prompt given as token ids (multi-turn rollouts continue from them);
-        with vllm.sleep_mode the engine wakes for them and sleeps again after."""
+        with vllm.sleep_mode the engine wakes for them and sleeps again after; while the in-flight
+        thread steps the engine, through it (beside the groups in flight)."""
+        if self.stepping is not None:
+            return self.stepping.generate(prompt_ids, n, sampling)
         self.sleep.before_generation(self.policy)
         try:
             return self.engine.generate(prompt_ids, n, sampling)
@@ -312,6 +323,16 @@ class VllmColocateBackend(PromptEncoder):
             self.sleep.sleep()
 
     def sync_weights(self, model: Any) -> None:
+        if self.stepping is not None:  # the engine is the in-flight thread's: between two of its steps
+            self.stepping.sync_weights(model, self.stepping.version)
+        else:
+            self._send(model, recompute_running=False)
+
+    def _load_in_flight(self, model: Any) -> None:
+        """The in-flight thread's weight load (it is parked): the requests in flight computed again."""
+        self._send(model, recompute_running=True)
+
+    def _send(self, model: Any, *, recompute_running: bool) -> None:
         self.policy = model
         self.sleep.wake_weights()  # a sleeping engine's weights are mapped again before they are written
         with policy_weights(model, self.engine.dtype, self.parallel) as weights:
@@ -324,10 +345,13 @@ class VllmColocateBackend(PromptEncoder):
                         hint="report this as a bug in grpo (the engine starts from a copy of the policy)",
                     )
                 self.checked = True
-            self.engine.load_weights(weights)
+            self.engine.load_weights(weights, recompute_running=recompute_running)
         self.sleep.weights_sent()
 
     def close(self) -> None:
+        if self.stepping is not None:
+            self.stepping.close()
+            self.stepping = None
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from grpocli.generation.base import Generated, GenerationBackend, Sampling
-from grpocli.generation.devices import process_device, use_device
+from grpocli.generation.devices import adopt_thread, process_device
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Prefetcher:
         parallel = getattr(backend, "parallel", None)
         self.device = process_device(parallel.device if parallel is not None else None)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate",
-                                         initializer=_adopt, initargs=(self.device, _torch_threads()))
+                                         initializer=adopt_thread, initargs=(self.device, _torch_threads()))
 
     def next(self, next_rows: Callable[[], list[dict[str, Any]]], step: int) -> tuple[list[dict], Generated, int]:
         """The oldest batch (waiting for it if needed); then keep `ahead` more on the way."""
@@ -66,12 +66,3 @@ def _torch_threads() -> int:
 
     return torch.get_num_threads()
 
-
-def _adopt(device: Any, threads: int) -> None:
-    """The worker thread takes the process's CUDA device and torch (OpenMP) thread count: both are
-    the calling thread's own, and a new thread starts with the defaults."""
-    import torch
-
-    use_device(device)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
