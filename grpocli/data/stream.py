@@ -45,6 +45,11 @@ class PromptStream(Iterator[dict[str, Any]]):
         """The next ``n`` rows."""
         return [next(self) for _ in range(n)]
 
+    def row_at(self, position: int) -> dict[str, Any]:
+        """The row handed out at ``position`` (a row given out before, to give it again)."""
+        epoch, offset = divmod(position, len(self.prompts))
+        return self.prompts[self._order(epoch)[offset]]
+
     def state_dict(self) -> dict[str, int]:
         return {"position": self.position}
 

@@ -173,6 +173,10 @@ def check_combinations(recipe: Recipe) -> None:
         why = ("generation.async_steps",
                "generating ahead would need the turn loop (tools included) in the background prefetcher",
                "generation.async_steps = 0")
+    elif g.pipeline == "inflight":
+        why = ("generation.pipeline",
+               "in-flight generation would need the turn loop (tools included) on the engine's thread",
+               "generation.pipeline = \"sync\"")
     elif recipe.data.chat_template == "never":
         why = ("data.chat_template",
                "tool calls and results are chat messages: prompts need the chat template",

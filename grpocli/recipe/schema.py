@@ -232,7 +232,21 @@ class GenerationSection(Section):
     )
     stop: list[str] = Field(default_factory=list, description="Strings that end a completion.")
     async_steps: int = Field(
-        0, ge=0, le=16, description="Generate this many steps ahead while training (0: on-policy)."
+        0, ge=0, le=16, description="Generate this many steps ahead while training (0: on-policy); "
+        "with pipeline 'sync' only."
+    )
+    pipeline: Literal["sync", "inflight"] = Field(
+        "sync",
+        description="'sync': each generation batch is generated, then trained (generated ahead with async_steps); "
+        "'inflight': the engine never stops generating, a batch is the first complete groups, the rest train later, "
+        "and weights are synced between engine steps with the requests in flight kept (backend 'vllm'; see "
+        "docs/vllm.md).",
+    )
+    max_staleness: int | None = Field(
+        None, ge=1, le=64,
+        description="pipeline 'inflight': no completion token is trained more than this many optimizer steps after "
+        "the policy version that sampled it (generation waits, nothing is dropped); at least "
+        "train.steps_per_generation x algorithm.num_iterations; None: that least value.",
     )
 
     @model_validator(mode="before")

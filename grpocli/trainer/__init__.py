@@ -8,6 +8,7 @@
     mismatch.py        engine log-probs into the loss: importance weights and their metrics
     offloading.py      activation offloading: saved tensors in host memory
     prefetch.py        asynchronous generation (generation.async_steps)
+    pipeline.py        in-flight generation (generation.pipeline = "inflight"): pacing, the first complete groups
     metrics.py         a step's metrics.jsonl line, what it shows, rollouts files
     completion_log.py  live completions (log.completions_to_print)
     checkpoint.py      checkpoints that are complete or absent; resume that continues exactly

@@ -2,7 +2,9 @@
 
     1. prompts        the stream (or the curriculum) gives B prompts, split over processes
     2. generate       Rollouts: G completions per prompt from the backend (multi-turn recipes: the
-                      turn loop of grpocli.multiturn.turns, tools run between the model's turns)
+                      turn loop of grpocli.multiturn.turns, tools run between the model's turns);
+                      generation.pipeline = "inflight": the first B groups the engine completed
+                      (grpocli.trainer.pipeline), 1-2 in one
     3. rewards        Scored: every reward function, weighted, plus DAPO's overlong penalty
                       (`rollouts.score_rollouts`)
     4. advantages     Advantages: group-relative, over all processes (the recipe's estimator,
@@ -13,7 +15,8 @@
     6. update         num_iterations passes over the slices: one optimizer step per slice (the saved
                       activations in host memory with train.activation_offloading)
     7. sync           new weights to the generation backend after the cycle's last update (a colocated
-                      engine asleep under vllm.sleep_mode wakes its weights first, then loads them)
+                      engine asleep under vllm.sleep_mode wakes its weights first, then loads them;
+                      in flight: between two engine steps, the requests in flight kept)
     8. record         one metrics.jsonl line per optimizer step; rollouts, evaluation, checkpoint; the
                       step's StepRecord to an observer where one watches (`grpo bench`: grpocli.trainer.observer)
 
@@ -56,8 +59,9 @@ from grpocli.trainer.metrics import (
     write_rollouts,
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
-from grpocli.trainer.observer import FrozenPasses, Lengths, StepObserver, StepRecord
+from grpocli.trainer.observer import FrozenPasses, Lengths, Overlap, StepObserver, StepRecord
 from grpocli.trainer.offloading import ActivationOffloading
+from grpocli.trainer.pipeline import InflightPipeline
 from grpocli.trainer.prefetch import Prefetcher
 from grpocli.trainer.rollouts import (
     Batch,
@@ -119,10 +123,12 @@ class Loop:
                                             parallel=s.parallel, run_root=s.run.root, turns=s.turns,
                                             datasets=s.datasets)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
-        self.prefetch = None
+        self.prefetch = self.pipeline = None
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
                                        n=r.generation.num_generations)
+        if r.generation.pipeline == "inflight":  # the engine steps on its own thread from now on
+            self.pipeline = InflightPipeline.start(s, self.sampling)
 
     def doing(self, what: str, *, done: bool = False) -> None:
         """Say what this process does now (the next step's phases; `done`: the step just taken)."""
@@ -162,7 +168,13 @@ class Loop:
         n_prompts = r.train.prompts_per_step * r.train.steps_per_generation
         info: dict[str, float] = {}
         waited = 0.0
-        if self.prefetch:  # generated while the previous batches trained
+        if self.pipeline:  # 1-2. the first complete groups of an engine that never stops
+            self.doing("generation (waiting for complete groups)")
+            taken = self.pipeline.next_batch(s.state.step)
+            waited = taken.waited  # the wait, not the overlap
+            info.update(taken.info)
+            sampled = [self.sample(taken.rows, taken.generated)]
+        elif self.prefetch:  # generated while the previous batches trained
             t0 = time.perf_counter()
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
             waited = time.perf_counter() - t0  # the wait, not the overlap
@@ -278,7 +290,10 @@ class Loop:
         t0 = time.perf_counter()
         if self.prefetch:
             self.prefetch.drain()  # a sync never overlaps a generation
-        self.s.backend.sync_weights(self.s.policy)
+        if self.pipeline:  # between two engine steps: nothing drained, the requests in flight go on
+            self.pipeline.sync(self.s.policy, self.s.state.step)
+        else:
+            self.s.backend.sync_weights(self.s.policy)
         return time.perf_counter() - t0
 
     def maybe_refresh_reference(self) -> None:
@@ -333,7 +348,8 @@ class Loop:
             step=self.s.state.step, seconds=dict(seconds), wall=wall, completion_tokens=completion_tokens,
             cycle_steps=cycle_steps, generated=Lengths.of(batch.scored.rollouts, model_only=True),
             frozen=tuple(FrozenPasses(Lengths.of(x.scored.rollouts, x.advantages.keep), x.passes) for x in slices),
-            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=bool(stats["skipped"])))
+            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=bool(stats["skipped"]),
+            overlap=Overlap.of(batch.info, batch.seconds["time/generation"])))
         self.observed_at = time.perf_counter()  # the observer's time is not the next step's
 
     def maybe_evaluate(self, *, since: int) -> None:
@@ -351,6 +367,8 @@ class Loop:
         s, r, state = self.s, self.s.recipe, self.s.state
         if now or is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
             self.doing("checkpoint (the main process writes, the others wait)", done=True)
+            if self.pipeline:  # the groups in flight: generated again first on resume
+                state.unfinished = sorted(s.parallel.gather_rows(self.pipeline.unfinished()))
             save_checkpoint(
                 s.run, state.step, parallel=s.parallel, model=s.model, tokenizer=s.tokenizer,
                 optimizer=s.optimizer, scheduler=s.scheduler, state=s.checkpoint_state(),
@@ -373,6 +391,8 @@ class Loop:
     def close(self) -> None:
         if self.prefetch:
             self.prefetch.close()
+        if self.pipeline:
+            self.pipeline.close()
 
 
 __all__ = ["Batch", "Loop", "Sampled", "Slice", "TrainingStopped", "train"]

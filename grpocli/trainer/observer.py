@@ -50,6 +50,25 @@ class FrozenPasses:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """generation.pipeline = "inflight": how generation and training overlapped over the step's cycle."""
+
+    waited: float             # seconds the trainer waited for the cycle's complete groups
+    engine_idle: float        # seconds the engine had nothing to generate since the previous cycle took its groups
+    staleness_mean: float     # over the cycle's tokens: the trainer's version minus the one that sampled the token
+    staleness_max: float
+    groups_in_flight: int     # groups submitted and not yet trained, after the cycle took its own
+
+    @classmethod
+    def of(cls, info: dict[str, float], waited: float) -> Overlap | None:
+        """From a batch's info (grpocli.trainer.pipeline); None where it was not generated in flight."""
+        if "generation/engine_idle" not in info:
+            return None
+        return cls(waited, info["generation/engine_idle"], info["generation/staleness/mean"],
+                   info["generation/staleness/max"], int(info["generation/groups_in_flight"]))
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """One optimizer step, as the loop took it."""
 
@@ -63,6 +82,7 @@ class StepRecord:
     frozen: tuple[FrozenPasses, ...]   # [steps_per_generation] the cycle's frozen log-prob passes
     trained: Lengths                   # the step's optimizer batch; keep: the rollouts in its loss
     skipped: bool                      # the update was skipped (no row computed, or a non-finite gradient)
+    overlap: Overlap | None = None     # generation.pipeline = "inflight": the cycle's waits and staleness
 
     @property
     def other(self) -> float:
@@ -76,4 +96,4 @@ class StepObserver(Protocol):
         ...
 
 
-__all__ = ["FrozenPasses", "Lengths", "StepObserver", "StepRecord"]
+__all__ = ["FrozenPasses", "Lengths", "Overlap", "StepObserver", "StepRecord"]

@@ -146,7 +146,9 @@ def _check_combinations(recipe: Recipe) -> None:
     from grpocli.generation.engine_sleep import check_sleep_mode
 
     g, t = recipe.generation, recipe.train
-    check_sleep_mode(recipe.vllm.sleep_mode, backend=g.backend, async_steps=g.async_steps)  # vLLM's platform
+    _check_pipeline(recipe)
+    check_sleep_mode(recipe.vllm.sleep_mode, backend=g.backend, async_steps=g.async_steps,
+                     inflight=g.pipeline == "inflight")  # vLLM's platform
     if g.async_steps and g.backend in ON_THE_POLICY:
         raise UserError(
             "generation.async_steps > 0 needs a generation engine apart from the training model",
@@ -180,6 +182,57 @@ def _check_combinations(recipe: Recipe) -> None:
         )
     _check_loss_combinations(recipe)
     _check_trackers(recipe.log.report_to)
+
+
+def _check_pipeline(recipe: Recipe) -> None:
+    """generation.pipeline = "inflight" and generation.max_staleness: what they need (an engine that
+    generates while the trainer trains, a staleness bound one cycle allows, the engine's log-probs in the
+    loss, prompts chosen ahead of the rewards)."""
+    from grpocli.generation.backends import INFLIGHT_BACKENDS
+
+    g, t, a = recipe.generation, recipe.train, recipe.algorithm
+    if g.pipeline != "inflight":
+        if g.max_staleness is not None:
+            raise UserError(
+                f"generation.max_staleness = {g.max_staleness} bounds in-flight generation, but generation.pipeline "
+                "= 'sync'", where="generation.max_staleness",
+                valid="a value with generation.pipeline = \"inflight\"; none with 'sync' (generation.async_steps "
+                "says how far ahead it generates)",
+                hint="set generation.pipeline = \"inflight\", or remove generation.max_staleness")
+        return
+    can = " or ".join(repr(b) for b in INFLIGHT_BACKENDS)
+    if g.backend not in INFLIGHT_BACKENDS:
+        why = ("generates with the training model itself, which cannot generate while it trains"
+               if g.backend in ON_THE_POLICY else "cannot pause its requests for a weight sync yet")
+        raise UserError(
+            f"generation.pipeline = \"inflight\" needs an engine that keeps generating while the trainer trains "
+            f"and takes new weights between two of its steps; generation.backend = {g.backend!r} {why}",
+            where="generation.backend", valid=f"{can} with pipeline 'inflight'; any backend with 'sync'",
+            hint=f"set generation.backend = {INFLIGHT_BACKENDS[0]!r}, or generation.pipeline = \"sync\"")
+    cycle = t.steps_per_generation * a.num_iterations
+    if g.max_staleness is not None and g.max_staleness < cycle:
+        raise UserError(
+            f"generation.max_staleness = {g.max_staleness} is smaller than in-flight generation needs: a generation "
+            f"cycle takes train.steps_per_generation x algorithm.num_iterations = {t.steps_per_generation} x "
+            f"{a.num_iterations} = {cycle} optimizer steps, so the tokens sampled while one cycle trains are "
+            f"{cycle} versions old when the next cycle trains them", where="generation.max_staleness",
+            valid=f"at least {cycle} here", hint=f"set generation.max_staleness={cycle} (its default, when left out)")
+    refused = [
+        (g.async_steps > 0, f"generation.async_steps = {g.async_steps}", "generating ahead is what 'inflight' does, "
+         "bounded by generation.max_staleness", "generation.async_steps=0"),
+        (a.fill_batch or bool(t.curriculum), "algorithm.fill_batch or train.curriculum", "both choose the next "
+         "prompts from the last rewards, which the groups in flight have not seen", "algorithm.fill_batch=false "
+         "and no train.curriculum"),
+        (not recipe.vllm.importance_sampling_correction, "vllm.importance_sampling_correction = false", "tokens "
+         "sampled by older policy versions need the per-token importance ratio to the engine's log-probs",
+         "vllm.importance_sampling_correction=true"),
+        (t.num_processes > 1, f"train.num_processes = {t.num_processes}", "the colocated in-flight engine runs "
+         "with one training process for now", "train.num_processes=1"),
+    ]
+    for bad, what, why, fix in refused:
+        if bad:
+            raise UserError(f"generation.pipeline = \"inflight\" with {what}: {why}", where="generation.pipeline",
+                            valid=fix, hint=f"set {fix}, or generation.pipeline = \"sync\"")
 
 
 def _check_trackers(report_to: list[str]) -> None:

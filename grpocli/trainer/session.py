@@ -47,10 +47,12 @@ class RunState:
     last_saved: int = 0                             # step of the newest checkpoint (0: none yet)
     curriculum_state: dict[str, Any] = field(default_factory=dict)  # the curriculum's own memory
     pending_rows: list[dict[str, Any]] | None = None  # rows the curriculum chose for the next batch
+    unfinished: list[int] = field(default_factory=list)  # stream positions of groups generated in flight and not
+                                                         # yet trained (generation.pipeline = "inflight"): again first
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "num_tokens": self.num_tokens, "curriculum_state": self.curriculum_state,
-                "pending_rows": self.pending_rows}
+                "pending_rows": self.pending_rows, "unfinished": list(self.unfinished)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (which was saved at its own step)."""
@@ -58,6 +60,7 @@ class RunState:
         self.num_tokens = int(state.get("num_tokens", 0))
         self.curriculum_state = dict(state.get("curriculum_state") or {})
         self.pending_rows = state.get("pending_rows")
+        self.unfinished = [int(p) for p in state.get("unfinished") or []]
 
     def take_pending(self) -> list[dict[str, Any]] | None:
         """The rows the curriculum chose, once (None when it chose none)."""
@@ -222,12 +225,22 @@ class Session:
         """This process's share of the next n_global prompts (rendered rows)."""
         from grpocli.data.template import complete_rows
 
-        p = self.parallel
-        per = n_global // p.size
         chosen = self.state.take_pending()
         if chosen is not None:  # the curriculum chose them
-            return complete_rows(chosen, self.recipe.data, self.tokenizer)[:per]
-        return self.stream.take(n_global)[p.rank * per : (p.rank + 1) * per]
+            return complete_rows(chosen, self.recipe.data, self.tokenizer)[: n_global // self.parallel.size]
+        return [row for _, row in self.next_numbered_rows(n_global)]
+
+    def next_numbered_rows(self, n_global: int) -> list[tuple[int, dict[str, Any]]]:
+        """This process's share of the next n_global prompts, each with its position in the prompt
+        stream: first the ones a checkpoint left unfinished (`RunState.unfinished`), then the stream's next."""
+        p = self.parallel
+        per = n_global // p.size
+        again, self.state.unfinished = self.state.unfinished[:n_global], self.state.unfinished[n_global:]
+        start = self.stream.position
+        fresh = self.stream.take(n_global - len(again))
+        numbered = [(pos, self.stream.row_at(pos)) for pos in again] + list(zip(range(start, start + len(fresh)),
+                                                                                 fresh, strict=True))
+        return numbered[p.rank * per : (p.rank + 1) * per]
 
     def after_generation(self, scored: Scored) -> None:
         """Let the curriculum pick the next prompts from how these scored."""
