@@ -73,6 +73,7 @@ class EngineThread:
         self.pause_wanted = self.parked = self.stopping = False
         self.error: BaseException | None = None
         self.idle = 0.0
+        self.steps = 0                                  # engine steps taken
         self.thread = threading.Thread(target=self._run, args=(device, threads), name="grpo-engine", daemon=True)
         self.thread.start()
 
@@ -153,11 +154,11 @@ class EngineThread:
                 for request_id, prompt, params in adds:
                     self.core.add_request(request_id, self.core.renderer.render_cmpl([prompt])[0], params)
                 ended = [out for out in self.core.step() if out.finished]
-                if ended:
-                    with self.cv:
-                        for out in ended:
-                            self._ended(out)
-                        self.cv.notify_all()
+                with self.cv:
+                    self.steps += 1
+                    for out in ended:
+                        self._ended(out)
+                    self.cv.notify_all()
         except BaseException as exc:  # said to the trainer at its next call
             with self.cv:
                 self.error = exc

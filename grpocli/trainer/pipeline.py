@@ -71,8 +71,8 @@ class InflightPipeline:
         self.group_size, self.batch, self.cycle, self.max_staleness = group_size, groups_per_batch, cycle_steps, \
             max_staleness
         self.seed = seed
-        lag = max(max_staleness // cycle_steps, 1)
-        self.capacity = (lag + 1) * groups_per_batch  # groups submitted and not yet trained, at most
+        self.lag = max(max_staleness // cycle_steps, 1)  # cycles a group may wait after the one it was submitted in
+        self.capacity = (self.lag + 1) * groups_per_batch  # groups submitted and not yet trained, at most
         self.groups: dict[int, _Group] = {}           # submitted, not yet trained: in the order submitted
         self.ended: list[int] = []                    # the finished ones, in the order they ended
         self.idle_seen = 0.0
@@ -91,13 +91,15 @@ class InflightPipeline:
     def next_batch(self, version: int) -> InflightBatch:
         """The B groups the cycle starting at ``version`` trains (waiting for them), the engine topped up first."""
         self._submit(version)
-        due = [g.serial for g in self.groups.values() if version + self.cycle - g.submitted_at > self.max_staleness]
-        assert len(due) <= self.batch, (due, self.batch)  # admission keeps them at most B
+        self._collect(timeout=0)
         t0 = time.perf_counter()
-        while not (all(self.groups[s].done for s in due) and len(self.ended) >= self.batch):
+        while True:
+            forced = self._forced(version)
+            if all(self.groups[s].done for s in forced) and len(self.ended) >= self.batch:
+                break
             self._collect(timeout=None)
         waited = time.perf_counter() - t0
-        chosen = due + [s for s in self.ended if s not in due][: self.batch - len(due)]
+        chosen = forced + [s for s in self.ended if s not in forced][: self.batch - len(forced)]
         taken = [self.groups.pop(s) for s in chosen]
         self.ended = [s for s in self.ended if s in self.groups]
         generated = as_generated([g.done for g in taken])
@@ -106,6 +108,19 @@ class InflightPipeline:
                 "generation/groups_in_flight": float(len(self.groups)), "generation/engine_idle": idle - self.idle_seen}
         self.idle_seen = idle
         return InflightBatch([g.row for g in taken], generated, tuple(chosen), waited, info)
+
+    def _forced(self, version: int) -> list[int]:
+        """The groups this cycle must take so that every group still meets its deadline (the last cycle
+        that may train it: submitted at v, trained by v + lag x C): with c_j the groups due by cycle
+        version + j x C, at least c_0 and c_j - j x B of them now, the earliest deadlines first (of equal
+        ones, those that ended first). Admission keeps it at most B."""
+        deadline = {s: g.submitted_at + self.lag * self.cycle for s, g in self.groups.items()}
+        due_by = [sum(d <= version + j * self.cycle for d in deadline.values()) for j in range(self.lag + 1)]
+        need = max([due_by[0]] + [c - j * self.batch for j, c in enumerate(due_by) if j])
+        assert need <= self.batch, (need, self.batch)  # admission: at most (lag + 1) x B in the engine
+        ended = {s: i for i, s in enumerate(self.ended)}
+        order = sorted(self.groups, key=lambda s: (deadline[s], ended.get(s, len(ended) + s)))
+        return order[: max(need, 0)]
 
     def sync(self, model: Any, version: int) -> None:
         """The policy's weights to the engine, between two of its steps; what it samples next is ``version``."""
