@@ -21,6 +21,9 @@ SHAPES=${KIT_SHAPES:-qwen2.5-0.5b qwen2.5-1.5b}
 RECIPE=${KIT_RECIPE:-quickstart}
 DTYPE=${KIT_DTYPE:-bfloat16}
 BACKEND=${KIT_BACKEND:-auto}
+if [ "$BACKEND" = auto ]; then  # vLLM where installed, else hf: grpo's own "auto" picks paged there,
+    "$PY" -c "import vllm" > /dev/null 2>&1 && BACKEND=vllm || BACKEND=hf  # which cannot force lengths
+fi
 LENGTH=${KIT_LENGTH:-256}
 STEPS=${KIT_STEPS:-4}
 REPEATS=${KIT_REPEATS:-1}
