@@ -202,7 +202,7 @@ class Child:
         except (OSError, subprocess.TimeoutExpired):
             pass
         ended = time.monotonic() + 5
-        while (below := below & tree_of(None)) and time.monotonic() < ended:
+        while below and (below := below & tree_of(None)) and time.monotonic() < ended:  # no scan when none was left
             time.sleep(0.01)
         self.stdout.close()
         self.stderr.close()
