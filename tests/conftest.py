@@ -33,7 +33,7 @@ LONGEST_FIRST = (
     "trainer/test_fsdp.py",             # 220
     "trainer/test_smollm2_recipe.py",   # 152
     "trainer/test_fsdp_lockstep.py",    # 145
-    "vllm/test_vllm_processes.py",      # 140
+    "engines/test_vllm_processes.py",   # 140
     "faults/test_run_directory.py",     # 139
     "faults/test_environment_faults.py",  # 114
     "faults/test_processes.py",         # 90
