@@ -21,6 +21,9 @@ SHAPES=${KIT_SHAPES:-qwen2.5-0.5b qwen2.5-1.5b}
 RECIPE=${KIT_RECIPE:-quickstart}
 DTYPE=${KIT_DTYPE:-bfloat16}
 BACKEND=${KIT_BACKEND:-auto}
+if [ "$BACKEND" = auto ]; then  # vLLM where installed, else hf: grpo's own "auto" picks paged there,
+    "$PY" -c "import vllm" > /dev/null 2>&1 && BACKEND=vllm || BACKEND=hf  # which cannot force lengths
+fi
 LENGTH=${KIT_LENGTH:-256}
 STEPS=${KIT_STEPS:-4}
 REPEATS=${KIT_REPEATS:-1}
@@ -64,7 +67,8 @@ if ! skipped tests; then
 fi
 
 for shape in $SHAPES; do
-    mapfile -t MODEL < <("$PY" -m grpocli.benchmark.presets "$shape")
+    # the shape's keys and data.max_prompt_length cut to the recipe's longest prompt: plan and bench, one step
+    mapfile -t MODEL < <("$PY" -m grpocli.benchmark.presets "$shape" "$RECIPE")
     SET=("${MODEL[@]}" "model.dtype=$DTYPE" "generation.backend=$BACKEND" "generation.max_completion_length=$LENGTH"
          "train.prompts_per_step=8" "generation.num_generations=8" "train.micro_batch_size=16"
          "train.learning_rate=1e-6" "eval.every=0" "train.save_steps=0" "log.rollouts_every=0")

@@ -11,6 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each worker has a core (`-n 2` on 2 cores): the runs it starts take one thread each. At torch's
+    # default (a thread per core) two workers' runs oversubscribe the cores and OpenMP's waiting
+    # threads spin: two quickstart runs side by side took 28.3 s at the default, 13.2 s at one thread
+    # each (one run alone: 13.1 s). A test that needs another count sets it (train.torch_threads).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
@@ -18,8 +24,40 @@ def grpo():
     return run_grpo
 
 
+#: The files that take longest (seconds summed over their tests, fresh-clone CI run of 2026-11-28 on 2
+#: cores, `--durations`), longest first. They are collected first, so that `--dist loadfile` hands them
+#: out before the many short files and the two workers end together: xdist's default order (files with
+#: the most tests first) left these for last, one worker running them alone for minutes.
+LONGEST_FIRST = (
+    "trainer/test_deepspeed.py",        # 501 s
+    "trainer/test_fsdp.py",             # 220
+    "trainer/test_smollm2_recipe.py",   # 152
+    "trainer/test_fsdp_lockstep.py",    # 145
+    "engines/test_vllm_processes.py",   # 140
+    "faults/test_run_directory.py",     # 139
+    "faults/test_environment_faults.py",  # 114
+    "faults/test_processes.py",         # 90
+    "faults/test_reward_faults.py",     # 83
+    "launch/test_processes_in_step.py",  # 65
+    "multiturn/test_environment_packages.py",  # 51
+    "faults/test_server_requests.py",   # 50
+    "launch/test_launcher.py",          # 49
+    "test_gpu_kit.py",                  # 46
+    "faults/test_disk_faults.py",       # 40
+    "test_docs.py",                     # 40
+)
+
+
+def _longest_first(items):
+    here = os.path.dirname(__file__)
+    rank = {os.path.join(here, name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` (`gpu2`) run where CUDA shows one (two) GPUs, and skip with the reason elsewhere."""
+    """The longest files first (LONGEST_FIRST); tests marked `gpu` (`gpu2`) run where CUDA shows one
+    (two) GPUs, and skip with the reason elsewhere."""
+    _longest_first(items)
     wanted = {"gpu": 1, "gpu2": 2}
     marked = [(item, n) for item in items for name, n in wanted.items() if item.get_closest_marker(name)]
     if not marked:

@@ -1,5 +1,5 @@
 """A real `grpo vllm-serve` subprocess on 127.0.0.1 for tests (a module, like recording_proxy.py,
-so tests in any folder can start one: tests/vllm's fixtures and tests/multiturn' multi-turn test)."""
+so tests in any folder can start one: tests/engines' fixtures and tests/multiturn' multi-turn test)."""
 
 from __future__ import annotations
 

@@ -154,6 +154,7 @@ def _load_base(model: ModelSection, seed: int, device: Any = None) -> PreTrained
 
 def _gguf_kwargs(source: Source) -> dict[str, Any]:
     """from_pretrained arguments that load ``source.gguf_file`` as dense, trainable weights."""
+    _cache_gguf_name_maps()
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file}
     try:  # transformers >= 5.19: without it, an installed `kernels` keeps some weights packed
         from transformers import GgufConfig
@@ -162,6 +163,18 @@ def _gguf_kwargs(source: Source) -> dict[str, Any]:
     except ImportError:  # older releases always dequantize GGUF weights
         pass
     return kwargs
+
+
+def _cache_gguf_name_maps() -> None:
+    """transformers builds gguf's tensor-name map of the architecture once per module it visits (397
+    times for SmolLM2-135M), a third of a GGUF load: the map depends only on (architecture, layers), so
+    gguf's builder is memoized (SmolLM2-135M's load: 30.3 s -> 20.9 s, the first load in a process)."""
+    import functools
+
+    import gguf
+
+    if not hasattr(gguf.get_tensor_name_map, "cache_info"):
+        gguf.get_tensor_name_map = functools.cache(gguf.get_tensor_name_map)
 
 
 def _dense(model: PreTrainedModel) -> PreTrainedModel:

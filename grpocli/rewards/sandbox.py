@@ -183,7 +183,15 @@ class Child:
         return os.pread(self.stderr.fileno(), 2000, max(0, size - 2000)).decode("utf-8", errors="replace")
 
     def stop(self) -> None:
-        """SIGKILL its session (bwrap's namespace dies with its init), close its files, remove its directory."""
+        """SIGKILL it, every process below it and its session (bwrap's namespace dies with its init),
+        wait until they are gone (the kernel ends killed processes asynchronously), close its files,
+        remove its directory."""
+        below = tree_of(self.proc.pid)  # before the kill: orphans still hang from the tree
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
@@ -193,10 +201,39 @@ class Child:
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        ended = time.monotonic() + 5
+        while below and (below := below & tree_of(None)) and time.monotonic() < ended:  # no scan when none was left
+            time.sleep(0.01)
         self.stdout.close()
         self.stderr.close()
         if self.workdir is not None:
             remove_tree(self.workdir)
+
+
+def tree_of(root: int | None) -> set[int]:
+    """Live processes (zombies left out) below ``root`` by parent or in its session; every live
+    process when ``root`` is None. One scan of /proc."""
+    parents: dict[int, list[int]] = {}
+    found: set[int] = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()  # after the name, which may hold spaces
+        except OSError:
+            continue
+        if len(fields) < 4 or fields[0] in "ZX":
+            continue
+        pid, ppid, session = int(entry), int(fields[1]), int(fields[3])
+        parents.setdefault(ppid, []).append(pid)
+        if root is None or (session == root and pid != root):
+            found.add(pid)
+    todo = [] if root is None else [root]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def head(file: IO[bytes], cap: int) -> bytes:

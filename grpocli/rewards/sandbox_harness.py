@@ -73,7 +73,8 @@ def _private_root(libc, case):
     size = f"size={case['disk_mb']}m,nr_inodes=65536,mode=0700".encode()
     _mount(libc, b"tmpfs", (new + "/sandbox").encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size)
     os.mkdir(new + "/sandbox/tmp")
-    os.symlink("/sandbox/tmp", new + "/tmp")
+    if not os.path.lexists(new + "/tmp"):  # else an interpreter lives under /tmp: TMPDIR leads to /sandbox/tmp
+        os.symlink("/sandbox/tmp", new + "/tmp")
     os.chdir(new)
     _mount(libc, b".", b"/", None, MS_MOVE)
     os.chroot(".")

@@ -10,6 +10,10 @@ tensor is freed before its copy is done):
   would cost a transfer per layer and save nothing), and so do tensors under ``min_bytes``;
 * a tensor saved several times in one forward (the normed hidden state that q, k and v projections
   each save) is copied once while it is alive and unchanged;
+* a tensor comes back with the strides it was saved with, padding included: the attention mask
+  that PyTorch's memory-efficient sdpa pads to aligned rows and saves as a narrowed view must keep
+  its row stride, or backward fails with "attn_bias is not correctly aligned (strideM)" (seen on an
+  H200 with 30-token rows in float32; torch's own ``save_on_cpu`` had the same bug, pytorch#188246);
 * from the output head on (``get_output_embeddings``) nothing is offloaded: the logits and the
   loss's tensors are the first that backward reads, so a round trip would free nothing at its peak.
 
@@ -86,8 +90,8 @@ class ActivationOffloading(saved_tensors_hooks):
         seen = self.copies.get(key)
         if seen is not None and seen[0]() is not None:  # the same tensor, alive and unchanged: one copy
             return seen[1]
-        pin = t.device.type == "cuda"
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin)
+        pin = t.device.type == "cuda"  # t's own strides, there and back (module docstring)
+        host = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, pin_memory=pin)
         host.copy_(t, non_blocking=pin)
         packed = (t.device, host)
         self.copies[key] = (weakref.ref(t), packed)
@@ -100,7 +104,10 @@ class ActivationOffloading(saved_tensors_hooks):
         if isinstance(packed, torch.Tensor):
             return packed
         device, host = packed
-        return host.to(device, non_blocking=host.is_pinned())
+        if host.device == device:
+            return host
+        back = torch.empty_strided(host.size(), host.stride(), dtype=host.dtype, device=device)
+        return back.copy_(host, non_blocking=host.is_pinned())
 
 
 def _storages(model: Any) -> set[int]:

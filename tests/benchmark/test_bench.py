@@ -148,3 +148,24 @@ def test_an_unknown_recipe_or_steps_out_of_range_is_a_clear_error(grpo, tmp_path
     assert done.returncode == 2 and "no_such_recipe" in done.stderr and "Traceback" not in done.stderr
     done = grpo("bench", "quickstart", "--steps", "0")
     assert done.returncode == 2 and "--steps" in done.stderr
+
+
+def test_the_kit_plans_at_the_recipes_longest_prompt():
+    """gpu-kit/run.sh passes data.max_prompt_length cut to the longest prompt, so `grpo plan` (every
+    prompt at that length) and `grpo bench` (rows as wide as their longest prompt) size one step."""
+    from grpocli.benchmark.presets import longest_prompt
+    from grpocli.data.source import load_dataset_for
+    from grpocli.data.template import render_row
+    from grpocli.models import load_tokenizer
+    from grpocli.recipe import load_recipe
+    from grpocli.registry import load_plugins
+
+    keys = shape_overrides("cpu-tiny")
+    r = load_recipe("quickstart", keys).recipe
+    tok = load_tokenizer(r.model)
+    rows = load_dataset_for(r.data, load_plugins().datasets, r.data.split, r.train.seed)
+    lengths = {len(tok(render_row(row, r.data, tok)["prompt_text"], add_special_tokens=False)["input_ids"])
+               for row in rows.select(range(50))}
+    n = longest_prompt("quickstart", keys)
+    assert max(lengths) <= n < r.data.max_prompt_length  # quickstart's prompts are far under 512 tokens
+    assert longest_prompt("quickstart", [*keys, "data.max_prompt_length=10"]) == 10

@@ -1,6 +1,6 @@
 """`trl vllm-serve`'s flags that cannot work in grpo's one-engine server: exit 2 with the reason, before vLLM loads.
 
-(The flags that do work are started for real in tests/vllm/test_trl_server_mode.py, in TRL's spelling.)"""
+(The flags that do work are started for real in tests/engines/test_trl_server_mode.py, in TRL's spelling.)"""
 
 from __future__ import annotations
 

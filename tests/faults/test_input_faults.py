@@ -238,7 +238,7 @@ def test_a_batch_larger_than_the_dataset_is_said(tmp_path):
 @pytest.mark.slow  # a real `grpo train` step (seconds)
 @pytest.mark.parametrize(("value", "says"), [
     ("1e300", "reward 'huge' returned 1e+300 at row 1"),
-    ("10**400", "reward 'huge' returned a positive integer of about 401 digits (int) at row 1"),
+    # 10**400 takes the same path (tests/faults/test_outside_values.py: in process and served)
 ])
 def test_a_reward_too_large_stops_the_run_naming_the_reward_and_row(tmp_path, value, says):
     """statistics.stdev overflowed (AttributeError, a traceback), and float(10**400) raised

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.vllm
 from cli_runner import run_grpo
 from vllm_serve_process import API_KEY, TINY, Server, free_port, tiny_checkpoint
 
-#: A tiny Qwen2 whose head size (64 / 2 = 32) vLLM's CPU attention kernels accept (as tests/vllm).
+#: A tiny Qwen2 whose head size (64 / 2 = 32) vLLM's CPU attention kernels accept (as tests/engines).
 NORMAL = {"prompt_ids": [[5, 6, 7]], "n": 2, "max_tokens": 4, "seed": 1}
 HI = [{"role": "user", "content": "hi"}]
 #: A request chat template that would render for hours: 10**10 loop iterations.

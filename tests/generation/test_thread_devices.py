@@ -1,7 +1,7 @@
 """Devices of processes and threads, and GPU identity (grpocli.generation.devices), on a CPU.
 
 ``torch.cuda.set_device`` is replaced by a recorder: what matters here is which thread asks for
-which device; the real placement is checked by the gpu tests in tests/vllm/test_vllm_gpu*.py.
+which device; the real placement is checked by the gpu tests in tests/engines/test_vllm_gpu*.py.
 """
 
 from __future__ import annotations

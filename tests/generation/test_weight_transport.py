@@ -2,7 +2,7 @@
 
 NCCL refuses two ranks on one GPU, so a trainer on the GPU the server reports (/info "device",
 by UUID) must end in http, or in a UserError where nccl was asked for: never an NCCL hang.
-The real thing, a `grpo vllm-serve` on the trainer's GPU, is in tests/vllm/test_vllm_gpu.py.
+The real thing, a `grpo vllm-serve` on the trainer's GPU, is in tests/engines/test_vllm_gpu.py.
 """
 
 from __future__ import annotations

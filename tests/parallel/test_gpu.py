@@ -43,8 +43,9 @@ def test_fp16_overflow_is_skipped_and_training_goes_on(tmp_path):
     from grpocli.trainer.loop import train
 
     out = tmp_path / "run"
-    train(load_recipe("quickstart", [*FAST, "train.steps=3", "train.mixed_precision=fp16",
-                                     "train.learning_rate=1e30", f"train.output_dir={out}"]))  # overflows
+    resolved = load_recipe("quickstart", [*FAST, "train.steps=3", "train.mixed_precision=fp16", f"train.output_dir={out}"])
+    resolved.recipe.train.__dict__["learning_rate"] = 1e30  # past the key's bound (1): the first update overflows fp16
+    train(resolved)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3] and any(m["skipped_update"] for m in metrics)
 

@@ -36,11 +36,14 @@ def test_train_refuses_a_recipe_that_cannot_fit_before_loading_the_model(tmp_pat
 
     from test_plan import QWEN25
 
+    from grpocli.models import build_char_tokenizer
+
     folder = tmp_path / "huge"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**QWEN25, "hidden_size": 8192, "intermediate_size": 29568,
                                                     "num_hidden_layers": 80, "num_attention_heads": 64,
                                                     "num_key_value_heads": 8, "tie_word_embeddings": False}))
+    build_char_tokenizer().save_pretrained(folder)  # a tokenizer, so that the memory check is what stops it
     done = grpo("train", "quickstart", f"model.name_or_path={folder}", "train.steps=1",
                 f"train.output_dir={tmp_path / 'run'}", "log.progress=none")
     assert done.returncode == 2, done.stdout + done.stderr

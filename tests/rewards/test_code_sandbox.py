@@ -88,7 +88,7 @@ def _hostile(port: int, secret_name: str, outside: Path, shared: Path) -> dict[s
 
 def _sandbox_processes() -> list[int]:
     """Live processes under a sandbox uid, or children of this process (a /proc scan). Compare with a
-    count taken before the test: a session fixture's server (tests/vllm) is a child too."""
+    count taken before the test: a session fixture's server (tests/engines) is a child too."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

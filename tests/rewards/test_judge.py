@@ -1,6 +1,6 @@
 """The judge reward's parts that need no server: reading scores from fixed replies, the rubric,
 the args and their checks before a model loads, and the reply cache under threads.
-(The reward against a real `grpo vllm-serve`: tests/vllm/test_judge_server.py.)"""
+(The reward against a real `grpo vllm-serve`: tests/engines/test_judge_server.py.)"""
 
 from __future__ import annotations
 

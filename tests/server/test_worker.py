@@ -1,6 +1,6 @@
 """The worker both servers share (grpocli.server.worker), on plain Python jobs: no model, no HTTP.
 
-The hosts' own tests (tests/vllm, tests/reference, tests/faults/test_server_faults.py) check the
+The hosts' own tests (tests/engines, tests/reference, tests/faults/test_server_faults.py) check the
 same behaviour through the real servers; these pin the worker's contract by itself: one thread,
 jobs in the order they came, every waiting job handed over at once, a deadline per job, health.
 """

@@ -71,6 +71,37 @@ def test_offloaded_activations_give_the_same_gradients(checkpointing):
         assert packed < plain
 
 
+class _ReadsSavedStrides(torch.autograd.Function):
+    """Saves a tensor as sdpa saves its padded mask and records the strides backward sees."""
+
+    seen: list[tuple[int, ...]] = []
+
+    @staticmethod
+    def forward(ctx, x, bias):
+        ctx.save_for_backward(bias)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (bias,) = ctx.saved_tensors
+        _ReadsSavedStrides.seen.append(bias.stride())
+        return grad * 2, None
+
+
+def test_a_saved_view_comes_back_with_its_strides():
+    """PyTorch's memory-efficient attention pads the mask's rows (30 -> 32) and saves the narrowed
+    view; its backward checks that row stride. An offloaded copy must keep it (on an H200 it did not:
+    "attn_bias is not correctly aligned (strideM)")."""
+    bias = torch.zeros(2, 1, 30, 32)[..., :30]              # [r, 1, 30, 30] with rows 32 apart
+    x = torch.ones(4, requires_grad=True)
+    _ReadsSavedStrides.seen.clear()
+    with ActivationOffloading(torch.nn.Linear(2, 2)) as offload:
+        y = _ReadsSavedStrides.apply(x, bias)
+    y.sum().backward()
+    assert offload.packed == 1                               # copied, not kept in place
+    assert _ReadsSavedStrides.seen == [bias.stride()] == [(960, 960, 32, 1)]
+
+
 def test_optimizer_step_offloads_when_asked():
     tok, model = tiny(False)
     p = Parallel(Accelerator(cpu=True))

@@ -252,7 +252,7 @@ def test_deepspeed_configs_run_where_deepspeed_can(stage, tmp_path):
     assert 'mixed_precision = "bf16"' in resolved and 'sharding = "none"' in resolved  # as train.sharding names it
 
 
-#: tests/vllm's colocated-engine settings: a learning rate that moves the policy far more than the
+#: tests/engines' colocated-engine settings: a learning rate that moves the policy far more than the
 #: ~0.02 vLLM-vs-transformers gap, so an engine that missed a sync would show in the log-prob gap.
 VLLM = [*FAST, "generation.backend=vllm", "train.steps=3", "train.learning_rate=0.03", "train.save_steps=0",
         "log.rollouts_every=0", "algorithm.drop_zero_spread_groups=false", "train.torch_threads=1",

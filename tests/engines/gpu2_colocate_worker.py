@@ -1,4 +1,4 @@
-"""One training process of tests/vllm/test_vllm_gpu2.py (run by torchrun, one per GPU): builds the
+"""One training process of tests/engines/test_vllm_gpu2.py (run by torchrun, one per GPU): builds the
 colocated engine through accelerate and grpo's strategy as `grpo train` does, generates, syncs,
 generates again on the prefetch thread, and writes what it saw to OUT/rank-R.json.
 

@@ -10,15 +10,19 @@ pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip i
 pytestmark = pytest.mark.vllm
 
 
-@pytest.mark.parametrize("threads", [None, 1])
+@pytest.mark.parametrize("threads", ["default", "other"])
 def test_async_generation_runs_one_step_ahead(tmp_path, tiny_shape, threads):
-    """Also with train.torch_threads = 1, as a user sets it: the generation thread must run the
-    engine with the thread count the engine was built with (vLLM's CPU attention checks it)."""
+    """Also with train.torch_threads set, as a user sets it, to a count other than the process's: the
+    generation thread must run the engine with the thread count the engine was built with (vLLM's CPU
+    attention checks it; a new thread starts with the process's count)."""
+    import torch
+
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import train
 
     out = tmp_path / "run"
-    threads_key = [f"train.torch_threads={threads}"] if threads else []
+    other = 2 if torch.get_num_threads() == 1 else 1
+    threads_key = [f"train.torch_threads={other}"] if threads == "other" else []
     overrides = [f"model.tiny.{k}={v}" for k, v in tiny_shape.items()] + threads_key + [
         "generation.backend='vllm'", "generation.async_steps=1", "generation.num_generations=4",
         "generation.max_completion_length=12", "train.steps=4", "train.prompts_per_step=2", "train.learning_rate=0.01",

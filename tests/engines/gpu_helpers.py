@@ -1,4 +1,4 @@
-"""Helpers of the CUDA tests in tests/vllm (test_vllm_gpu.py, test_vllm_gpu2.py): tiny policies on a
+"""Helpers of the CUDA tests in tests/engines (test_vllm_gpu.py, test_vllm_gpu2.py): tiny policies on a
 GPU, how far an engine's log-probs are from a policy's, and a `grpo vllm-serve` (run_server) beside
 the trainer with a small share of the GPU (the command line's --gpu-memory-utilization is 0.9)."""
 
