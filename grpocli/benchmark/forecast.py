@@ -8,6 +8,11 @@ exist. Over the measured steps each phase gets a rate against what drives it:
     log-prob passes, training  seconds per trained token (the kept groups' prompt + completions)
     rewards, weight sync, other  seconds per step, as measured
 
+Where generation ran beside training (generation.async_steps, pipeline "inflight") the step is the
+longer of the two sides, from the measured overlap: the trainer's (log-prob passes, training and
+the per-step phases) and the engine's busy seconds (the step's wall time less the engine's idle
+time), per token of the batch's longest completion.
+
 A step of the run then costs those rates at the lengths the model produces now (the last measured
 step's longest completion and trained tokens); `at_max_length` is the same at
 generation.max_completion_length for every completion (the bound if answers grow). The run's
@@ -46,6 +51,9 @@ def step_seconds(records: list[MeasuredStep], longest: float, trained: float) ->
     gen = sum(r.phases["generation"] for r in rows) / max(sum(r.longest_completion for r in rows), 1)
     per_token = sum(r.phases["training"] + r.phases["logprobs"] for r in rows) / max(sum(r.trained_tokens for r in rows), 1)
     fixed = sum(r.phases["rewards"] + r.phases["weight_sync"] + r.phases["other"] for r in rows) / len(rows)
+    if all(r.overlapped for r in rows):  # the longer of the trainer's side and the engine's busy time
+        busy = sum(r.seconds - r.engine_idle for r in rows) / max(sum(r.longest_completion for r in rows), 1)
+        return max(per_token * trained + fixed, busy * longest)
     return gen * longest + per_token * trained + fixed
 
 

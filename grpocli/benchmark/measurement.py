@@ -42,6 +42,9 @@ class MeasuredStep:
     trained_completion_tokens: int  # of which completion tokens
     flops: dict[str, float]         # generation, logprobs, training
     peak_memory: int                # bytes, so far (see Measurement.memory_kind)
+    trainer_idle: float = 0.0       # seconds of the step the trainer waited for generation
+    engine_idle: float = 0.0        # seconds of the step the generation engine had nothing to generate
+    overlapped: bool = False        # generated beside training (async_steps, pipeline "inflight")
 
 
 @dataclass
@@ -72,7 +75,13 @@ def measured_step(record: StepRecord, shape: ModelShape, *, lora: bool, peak: in
     phases = {"generation": s["time/generation"], "rewards": s["time/rewards"], "logprobs": s["time/logprobs"],
               "training": s["time/training"], "weight_sync": s["time/weight_sync"], "other": record.other}
     lengths = record.generated.completions
+    o = record.overlap
+    if o is None:  # generated in the step: the trainer waits for all of it, the engine idles the rest
+        trainer_idle, engine_idle = phases["generation"], max(record.wall - phases["generation"], 0.0)
+    else:          # beside training: what each reported, the cycle's in equal shares
+        trainer_idle, engine_idle = o.waited / record.cycle_steps, o.engine_idle / record.cycle_steps
     return MeasuredStep(
+        trainer_idle=trainer_idle, engine_idle=engine_idle, overlapped=o is not None,
         step=record.step, seconds=record.wall, phases=phases, completion_tokens=record.completion_tokens,
         longest_completion=max(lengths, default=0), mean_completion=sum(lengths) / max(len(lengths), 1),
         trained_tokens=sum(grp.tokens for grp in trained),

@@ -8,14 +8,15 @@ thread of the training process owns the engine's steps (vLLM's ``LLMEngine``: ``
   mode "keep"), loads the weights on the trainer's thread, labels the engine's weights with the new
   version (``set_weight_version``: finished outputs carry ``weight_versions`` spans) and lets the
   thread step again: requests in flight continue with the new weights.
-* The KV cache of the requests in flight was computed by the old weights, and vLLM's
-  ``reset_prefix_cache`` cannot run while requests hold blocks; so the sync resets it with
-  ``reset_running_requests=True``: each request in flight keeps its tokens and its sampler's state,
-  and its prompt and tokens so far are computed again (one prefill) by the new weights before its
-  next token. A token labelled version v was sampled from version v's weights over a KV cache of
-  version v, so its engine log-prob is exactly that policy's, and no cached prefix of old weights
-  serves a later request. (Keeping the old KV cache would save the prefill and make each token's
-  behaviour policy a mix of versions; the importance ratio would still use the engine's log-prob.)
+* The KV cache of the requests in flight was computed by the old weights. generation.inflight_kv_cache
+  = "keep" (the default, vLLM's pause mode "keep", PipelineRL's choice) leaves it: a token after the
+  sync is sampled by the new weights attending over keys and values the old ones computed, and its
+  engine log-prob is the probability it was sampled with, which is what the importance ratio needs;
+  cached prompt prefixes of the old weights may serve new requests the same way. "recompute" resets
+  it with ``reset_running_requests=True`` (vLLM resets no cache that running requests hold
+  otherwise): each request keeps its tokens and its sampler's state, and its prompt and tokens so far
+  are computed again (one prefill) by the new weights before its next token, so a token labelled
+  version v was sampled from version v's weights alone, at the cost of that prefill every sync.
 * The engine must step synchronously (no batch queue): a queued batch of the old weights would be
   labelled with the new version. vLLM on a CPU and under the external launcher does; it is checked.
 * The thread takes the process's CUDA device and torch thread count first (vLLM's CPU attention

@@ -67,6 +67,15 @@ def prepare_vllm_environment(*, kv_cache_gb: float = 1.0, in_process: bool = Tru
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(threads)
 
 
+def inflight_engine_kwargs(cuda: bool) -> dict[str, Any]:
+    """vllm.LLM's arguments for an engine stepped in flight: synchronous scheduling (each step's
+    tokens are labelled with the weights' version that sampled them); on a CPU, no prefill split over
+    two steps: a split request's sampled token is discarded and vLLM then rewinds its seeded generator,
+    which a CPU generator cannot do ("CPU Generator does not use offset", vLLM 0.32's
+    _bookkeeping_sync), and every in-flight group is seeded (grpocli.generation.inflight.group_seed)."""
+    return {"async_scheduling": False} if cuda else {"async_scheduling": False, "enable_chunked_prefill": False}
+
+
 def cpu_binding(threads: int | None) -> str:
     """vLLM's core list ("0,1") for ``threads`` cores of this process's affinity mask (all for None)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -288,7 +297,7 @@ class VllmColocateBackend(PromptEncoder):
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
                 max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
                 sleep_mode=v.sleep_mode > 0,
-                engine_kwargs={"async_scheduling": False} if inflight else None,  # steps the in-flight thread labels
+                engine_kwargs=inflight_engine_kwargs(cuda) if inflight else None,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
@@ -298,11 +307,13 @@ class VllmColocateBackend(PromptEncoder):
         self.sleep.sleep()  # TRL: asleep until the first generation
         self.stepping: EngineThread | None = None  # generation.pipeline = "inflight": the thread that steps
 
-    def start_inflight(self, version: int) -> EngineThread:
+    def start_inflight(self, version: int, *, kv_cache: str = "keep") -> EngineThread:
         """generation.pipeline = "inflight": a thread of this process steps the engine from now on
-        (grpocli.generation.engine_thread); ``version``: the policy version the engine holds."""
+        (grpocli.generation.engine_thread); ``version``: the policy version the engine holds;
+        ``kv_cache``: generation.inflight_kv_cache, what a sync does to the requests in flight."""
         import torch
 
+        self.recompute_in_flight = kv_cache == "recompute"
         self.stepping = EngineThread(self.engine, load=self._load_in_flight, version=version,
                                      device=self.engine.device, threads=torch.get_num_threads())
         return self.stepping
@@ -329,8 +340,9 @@ class VllmColocateBackend(PromptEncoder):
             self._send(model, recompute_running=False)
 
     def _load_in_flight(self, model: Any) -> None:
-        """The in-flight thread's weight load (it is parked): the requests in flight computed again."""
-        self._send(model, recompute_running=True)
+        """The in-flight thread's weight load (it is parked): the requests in flight keep their KV cache, or
+        have it computed again by the new weights (generation.inflight_kv_cache = "recompute")."""
+        self._send(model, recompute_running=self.recompute_in_flight)
 
     def _send(self, model: Any, *, recompute_running: bool) -> None:
         self.policy = model

@@ -6,6 +6,8 @@ config and the recipe alone (no weights are loaded).
                 exact (the model built on the meta device); `grpo bench` counts FLOPs from it too
     memory.py   the per-phase byte counts (generation, log-prob passes, training) as plain
                 functions returning immutable `Phase` values
+    engine_cache.py  the colocated vLLM engine's KV cache: the sequences it holds at once (in flight:
+                several generation batches) and what its share leaves for them
     plan.py     the plan of a recipe: the phases, the peak, whether it fits, the largest
                 micro-batch that does, and the knobs that would make it fit
     report.py   the plan as rich tables or JSON

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
+from grpocli.planning.engine_cache import EngineCache, engine_cache
 from grpocli.planning.memory import F32, Phase, Settings, Tokens, phases
 from grpocli.planning.shapes import ModelShape, dtype_bytes
 
@@ -58,6 +59,7 @@ class Plan:
     sharding: str | None = None         # what accelerate's config decided (None: train.sharding)
     prompt_tokens: int = 0              # the worst case planned for: data.max_prompt_length
     completion_tokens: int = 0          # generation.max_completion_length
+    engine_cache: EngineCache | None = None  # the colocated vLLM engine's KV cache (backend "vllm")
 
     @property
     def peak(self) -> Phase:
@@ -77,6 +79,9 @@ class Plan:
             "largest_max_tokens_per_micro_batch": self.largest_tokens,
             "knobs": [{"set": list(k.overrides), "saves_bytes": k.saves, "fits": k.fits} for k in self.knobs],
             "fits_with": list(self.together),
+            "engine_kv_cache": None if self.engine_cache is None else {
+                "sequences": self.engine_cache.sequences, "generation_batches": self.engine_cache.batches,
+                "needed_bytes": self.engine_cache.needed, "available_bytes": self.engine_cache.available},
         }
 
 
@@ -151,7 +156,8 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
     s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
     plan = Plan(shape=shape, settings=s, phases=phases(shape, s), gpus=gpus, gpu_memory=gpu_memory,
                 memory_assumed=memory_assumed, largest_micro_batch=0, largest_tokens=0, sharding=sharding,
-                prompt_tokens=r.data.max_prompt_length, completion_tokens=r.generation.max_completion_length)
+                prompt_tokens=r.data.max_prompt_length, completion_tokens=r.generation.max_completion_length,
+                engine_cache=engine_cache(r, shape, gpus=gpus, gpu_memory=gpu_memory))
     largest = _largest_micro_batch(r, shape, gpus, gpu_memory, sharding)
     length = r.data.max_prompt_length + r.generation.max_completion_length
     plan = replace(plan, largest_micro_batch=largest, largest_tokens=largest * length)

@@ -33,6 +33,8 @@ def render(plan: Plan, console: Any) -> None:
                                                        if plan.memory_assumed else "")
     verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
     console.print(f"peak: {plan.peak.name}, {gib(plan.peak.total)} per process: {verdict} on {where}")
+    if plan.engine_cache is not None:
+        console.print(plan.engine_cache.text(gib))
     if plan.largest_micro_batch:
         console.print(f"largest train.micro_batch_size whose log-prob and training phases fit: {plan.largest_micro_batch} "
                       f"(or train.max_tokens_per_micro_batch={plan.largest_tokens})")

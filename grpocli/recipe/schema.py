@@ -248,6 +248,13 @@ class GenerationSection(Section):
         "the policy version that sampled it (generation waits, nothing is dropped); at least "
         "train.steps_per_generation x algorithm.num_iterations; None: that least value.",
     )
+    inflight_kv_cache: Literal["keep", "recompute"] = Field(
+        "keep",
+        description="pipeline 'inflight', at each weight sync: 'keep' the KV cache of the requests in flight (vLLM's "
+        "pause mode 'keep'; later tokens attend over keys the old weights computed, their engine log-probs are "
+        "still those they were sampled with); 'recompute' it with the new weights (one prefill of every request "
+        "in flight per sync; each token sampled by one version's weights alone).",
+    )
 
     @model_validator(mode="before")
     @classmethod

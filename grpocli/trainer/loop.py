@@ -124,6 +124,7 @@ class Loop:
                                             datasets=s.datasets)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
         self.prefetch = self.pipeline = None
+        self.idle_seen = 0.0  # the generation worker's idle seconds so far (async_steps)
         if r.generation.async_steps:
             self.prefetch = Prefetcher(s.backend, ahead=r.generation.async_steps, sampling=self.sampling,
                                        n=r.generation.num_generations)
@@ -179,6 +180,8 @@ class Loop:
             rows, generated, generated_at = self.prefetch.next(lambda: s.next_rows(n_prompts), s.state.step)
             waited = time.perf_counter() - t0  # the wait, not the overlap
             info["generation/staleness"] = s.state.step - generated_at
+            idle = self.prefetch.idle_seconds()
+            info["generation/engine_idle"], self.idle_seen = idle - self.idle_seen, idle
             sampled = [self.sample(rows, generated)]
         else:
             sampled = [self.sample(s.next_rows(n_prompts))]                            # 1-3. [B*G]
@@ -367,11 +370,12 @@ class Loop:
         s, r, state = self.s, self.s.recipe, self.s.state
         if now or is_due(r.train.save_steps, state.step, since=state.last_saved) or state.step >= r.train.steps:
             self.doing("checkpoint (the main process writes, the others wait)", done=True)
-            if self.pipeline:  # the groups in flight: generated again first on resume
-                state.unfinished = sorted(s.parallel.gather_rows(self.pipeline.unfinished()))
+            saved = s.checkpoint_state()
+            if self.pipeline:  # the groups in flight (the live run keeps them): generated again first on resume
+                saved["unfinished"] = sorted(s.parallel.gather_rows(self.pipeline.unfinished())) + state.unfinished
             save_checkpoint(
                 s.run, state.step, parallel=s.parallel, model=s.model, tokenizer=s.tokenizer,
-                optimizer=s.optimizer, scheduler=s.scheduler, state=s.checkpoint_state(),
+                optimizer=s.optimizer, scheduler=s.scheduler, state=saved,
                 keep=r.train.save_total_limit,
                 reference=s.reference if r.algorithm.ref_sync_steps else None,  # it moves: resume needs it
             )

@@ -51,21 +51,24 @@ class FrozenPasses:
 
 @dataclass(frozen=True)
 class Overlap:
-    """generation.pipeline = "inflight": how generation and training overlapped over the step's cycle."""
+    """Generation beside training (generation.async_steps, or pipeline "inflight"): how they overlapped
+    over the step's cycle."""
 
-    waited: float             # seconds the trainer waited for the cycle's complete groups
-    engine_idle: float        # seconds the engine had nothing to generate since the previous cycle took its groups
+    waited: float             # seconds the trainer waited for the cycle's generation batch
+    engine_idle: float        # seconds the engine had nothing to generate since the previous cycle took its batch
     staleness_mean: float     # over the cycle's tokens: the trainer's version minus the one that sampled the token
-    staleness_max: float
-    groups_in_flight: int     # groups submitted and not yet trained, after the cycle took its own
+    staleness_max: float      # (async_steps: the whole batch's, as generation/staleness)
+    groups_in_flight: int     # in flight: groups submitted and not yet trained, after the cycle took its own
 
     @classmethod
     def of(cls, info: dict[str, float], waited: float) -> Overlap | None:
-        """From a batch's info (grpocli.trainer.pipeline); None where it was not generated in flight."""
+        """From a batch's info (grpocli.trainer.pipeline, grpocli.trainer.prefetch); None where generation
+        ran in the step (the engine idle all the rest of it)."""
         if "generation/engine_idle" not in info:
             return None
-        return cls(waited, info["generation/engine_idle"], info["generation/staleness/mean"],
-                   info["generation/staleness/max"], int(info["generation/groups_in_flight"]))
+        batch = info.get("generation/staleness", 0.0)
+        return cls(waited, info["generation/engine_idle"], info.get("generation/staleness/mean", batch),
+                   info.get("generation/staleness/max", batch), int(info.get("generation/groups_in_flight", 0)))
 
 
 @dataclass(frozen=True)

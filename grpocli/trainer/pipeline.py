@@ -83,7 +83,7 @@ class InflightPipeline:
         r, p = s.recipe, s.parallel
         cycle = r.train.steps_per_generation * r.algorithm.num_iterations
         groups = r.train.prompts_per_step * r.train.steps_per_generation
-        return cls(s.backend.start_inflight(s.state.step), take_rows=lambda n: s.next_numbered_rows(n * p.size),
+        return cls(s.backend.start_inflight(s.state.step, kv_cache=r.generation.inflight_kv_cache), take_rows=lambda n: s.next_numbered_rows(n * p.size),
                    encode=s.backend.encode_prompts, sampling=sampling, group_size=r.generation.num_generations,
                    groups_per_batch=groups // p.size, cycle_steps=cycle,
                    max_staleness=r.generation.max_staleness or cycle, seed=r.train.seed + p.rank)

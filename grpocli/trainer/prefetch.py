@@ -12,6 +12,8 @@ engine's log-probs (from the weights that generated it) let the importance ratio
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +38,10 @@ class Prefetcher:
         self.device = process_device(parallel.device if parallel is not None else None)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate",
                                          initializer=adopt_thread, initargs=(self.device, _torch_threads()))
+        self.lock = threading.Lock()
+        self.started_at = time.perf_counter()
+        self.busy = 0.0                    # seconds the worker spent generating, finished batches
+        self.running_since: float | None = None
 
     def next(self, next_rows: Callable[[], list[dict[str, Any]]], step: int) -> tuple[list[dict], Generated, int]:
         """The oldest batch (waiting for it if needed); then keep `ahead` more on the way."""
@@ -55,10 +61,27 @@ class Prefetcher:
     def close(self) -> None:
         self.worker.shutdown(wait=True, cancel_futures=True)
 
+    def idle_seconds(self) -> float:
+        """Seconds since the start that the worker had no batch to generate (`grpo bench`'s engine idle)."""
+        with self.lock:
+            now = time.perf_counter()
+            running = now - self.running_since if self.running_since is not None else 0.0
+            return now - self.started_at - self.busy - running
+
     def _submit(self, rows: list[dict[str, Any]], step: int) -> None:
         texts = [row["prompt_text"] for row in rows]  # rendered rows (grpocli.data.template)
-        future = self.worker.submit(self.backend.generate, texts, self.n, self.sampling)
+        future = self.worker.submit(self._generate, texts)
         self.pending.append(_Pending(rows, future, step))
+
+    def _generate(self, texts: list[str]) -> Generated:
+        with self.lock:
+            self.running_since = time.perf_counter()
+        try:
+            return self.backend.generate(texts, self.n, self.sampling)
+        finally:
+            with self.lock:
+                self.busy += time.perf_counter() - self.running_since
+                self.running_since = None
 
 
 def _torch_threads() -> int:

@@ -133,6 +133,21 @@ def test_the_forecast_scales_generation_by_the_longest_completion_and_training_b
     assert counts(10, 0, 0) == (0, 1)  # the final checkpoint is always written
 
 
+def test_an_overlapped_step_is_the_longer_side_from_the_measured_overlap():
+    """async_steps / in flight: generation ran beside training, so a step costs the longer of the trainer's
+    side (log-prob passes and training per token, plus the per-step phases) and the engine's busy time
+    (wall time less its idle time, per token of the longest completion)."""
+    from dataclasses import replace
+
+    steps = [replace(_record(i, 0.5, 20, 3.0, 1000), seconds=5.0, engine_idle=1.0, overlapped=True) for i in (1, 2, 3)]
+    # trainer: 3 s / 1000 tokens + 0.2 s; engine busy: 4 s over a longest completion of 20
+    assert step_seconds(steps, 20, 1000) == pytest.approx(max(3.0 + 0.2, 4.0))
+    assert step_seconds(steps, 40, 1000) == pytest.approx(8.0)   # longer answers: the engine's side
+    assert step_seconds(steps, 20, 3000) == pytest.approx(9.2)   # more trained tokens: the trainer's
+    one_side = [replace(r, overlapped=False) for r in steps]    # generated in the step: the sum
+    assert step_seconds(one_side, 20, 1000) == pytest.approx(0.5 + 3.0 + 0.2)
+
+
 def test_the_peak_is_a_measured_rate():
     import torch
 

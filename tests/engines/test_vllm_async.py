@@ -34,6 +34,10 @@ def test_async_generation_runs_one_step_ahead(tmp_path, tiny_shape, threads):
     # the first batch waits for generation; every later one was generated a step earlier
     assert [m["generation/staleness"] for m in metrics] == [0, 1, 1, 1]
     assert all(isinstance(m["reward"], float) for m in metrics)
+    # the worker's idle seconds between two batches (grpo bench's engine idle), each at most the
+    # step's wall time
+    idle = [m["generation/engine_idle"] for m in metrics]
+    assert all(0 <= x <= m["step_time"] + 1.0 for x, m in zip(idle, metrics, strict=True)), idle
     # the engine's log-probs enter the loss: on-policy they match the trainer's, a stale batch not
     gaps = [m["sampling/sampling_logp_difference/mean"] for m in metrics]
     assert gaps[0] < 1e-4 and max(gaps[1:]) > 1e-3, gaps
