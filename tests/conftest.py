@@ -38,6 +38,7 @@ LONGEST_FIRST = (
     "faults/test_environment_faults.py",  # 114
     "faults/test_processes.py",         # 90
     "faults/test_reward_faults.py",     # 83
+    "engines/test_vllm_inflight_resume.py",  # 55 (measured alone, 2026-11-28)
     "launch/test_processes_in_step.py",  # 65
     "multiturn/test_environment_packages.py",  # 51
     "faults/test_server_requests.py",   # 50
