@@ -27,21 +27,24 @@ def grpo():
 #: The files that take longest (seconds summed over their tests, fresh-clone CI run of 2026-11-28 on 2
 #: cores, `--durations`), longest first. They are collected first, so that `--dist loadfile` hands them
 #: out before the many short files and the two workers end together: xdist's default order (files with
-#: the most tests first) left these for last, one worker running them alone for minutes.
+#: the most tests first) left these for last, one worker running them alone for minutes. The files that
+#: launch two processes (DeepSpeed, FSDP2, the processes' engines) are spaced by single-process ones, so
+#: that the other worker runs those meanwhile (DeepSpeed's first setup took 137 s and 263 s in two runs
+#: that started it beside FSDP2's launches).
 LONGEST_FIRST = (
-    "trainer/test_deepspeed.py",        # 501 s
-    "trainer/test_fsdp.py",             # 220
-    "trainer/test_smollm2_recipe.py",   # 152
-    "trainer/test_fsdp_lockstep.py",    # 145
-    "engines/test_vllm_processes.py",   # 140
+    "trainer/test_deepspeed.py",        # 501 s, two processes
+    "trainer/test_smollm2_recipe.py",   # 161
     "faults/test_run_directory.py",     # 139
     "faults/test_environment_faults.py",  # 114
-    "faults/test_processes.py",         # 90
     "faults/test_reward_faults.py",     # 83
-    "engines/test_vllm_inflight_resume.py",  # 55 (measured alone, 2026-11-28)
+    "engines/test_vllm_inflight_resume.py",  # 52
+    "trainer/test_fsdp.py",             # 220, two processes
+    "faults/test_processes.py",         # 90
     "launch/test_processes_in_step.py",  # 65
+    "trainer/test_fsdp_lockstep.py",    # 145, two processes
     "multiturn/test_environment_packages.py",  # 51
     "faults/test_server_requests.py",   # 50
+    "engines/test_vllm_processes.py",   # 140, two processes
     "launch/test_launcher.py",          # 49
     "test_gpu_kit.py",                  # 46
     "faults/test_disk_faults.py",       # 40
