@@ -218,8 +218,9 @@ class VllmEngine:
 
     def load_weights(self, named: Iterable[tuple[str, Any]], *, recompute_running: bool = False) -> int:
         """Reload weights in place from (checkpoint name, tensor) pairs; returns how many. Then the prefix
-        cache is reset; with requests in flight (``recompute_running``) they keep their tokens and their KV
-        cache is computed again by the new weights (vLLM resets no cache that running requests hold)."""
+        cache is reset where no running request holds it (vLLM resets no cache that running requests hold:
+        in flight with generation.inflight_kv_cache = "keep" it stays); with ``recompute_running`` the
+        requests in flight keep their tokens and their KV cache is computed again by the new weights."""
         import logging
 
         # "RotaryEmbedding: Failed to load weights": it has no checkpoint tensors; expected.
