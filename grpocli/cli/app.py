@@ -6,7 +6,6 @@ import sys
 
 import typer
 
-from grpocli.version import __version__
 from grpocli.cli import (
     bench,
     check_rewards,
@@ -25,6 +24,7 @@ from grpocli.cli import (
     train,
 )
 from grpocli.errors import Stopped, UserError
+from grpocli.version import __version__
 
 app = typer.Typer(
     name="grpo",

@@ -210,11 +210,12 @@ class RewardSpec(Section):
 
 class GenerationSection(Section):
     backend: Literal["hf", "paged", "vllm", "vllm-server", "auto"] = Field(
-        "hf",
-        description="'hf': transformers generate; 'paged': transformers' continuous batching (paged attention, "
-        "each sequence leaves the batch at its own EOS; no repetition_penalty); 'vllm': an engine in the "
-        "training process; 'vllm-server': a `grpo vllm-serve` process; 'auto': the fastest installed, "
-        f"{AUTO_ORDER} (decided when the recipe loads; config.resolved.toml records which).",
+        "auto",
+        description="'hf': transformers generate (TRL's default, use_vllm = false); 'paged': transformers' "
+        "continuous batching (paged attention, each sequence leaves the batch at its own EOS; no "
+        "repetition_penalty); 'vllm': an engine in the training process; 'vllm-server': a `grpo vllm-serve` "
+        f"process; 'auto': the fastest for the whole step, measured, of those installed: {AUTO_ORDER} (decided "
+        "when the recipe loads; config.resolved.toml records which).",
         json_schema_extra=FREE_ON_RESUME,
     )
     num_generations: int = Field(8, ge=2, le=1024, description="Completions per prompt (G).")
@@ -255,14 +256,6 @@ class GenerationSection(Section):
         "still those they were sampled with); 'recompute' it with the new weights (one prefill of every request "
         "in flight per sync; each token sampled by one version's weights alone).",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _auto_backend(cls, data: Any) -> Any:
-        """'auto' -> the fastest backend installed for this recipe (grpocli.recipe.backend_choice)."""
-        if isinstance(data, dict) and data.get("backend") == "auto":
-            data = {**data, "backend": fastest_backend(data.get("repetition_penalty", 1.0))}
-        return data
 
     @model_validator(mode="after")
     def _paged_samples(self) -> GenerationSection:
@@ -344,6 +337,17 @@ class Recipe(BaseSettings):
         # The loader merges file, environment and arguments itself (to record where each value
         # came from); the model only validates what it is given.
         return (init_settings,)
+
+    @model_validator(mode="after")
+    def _auto_backend(self) -> Recipe:
+        """generation.backend 'auto' -> the fastest backend installed that this recipe allows
+        (grpocli.recipe.backend_choice); it needs the model and train sections, so it is decided here."""
+        g = self.generation
+        if g.backend == "auto":
+            g.backend = fastest_backend(model=self.model.name_or_path, repetition_penalty=g.repetition_penalty,
+                                        sharding=self.train.sharding,
+                                        ahead=g.async_steps > 0 or g.pipeline == "inflight")
+        return self
 
     @model_validator(mode="after")
     def _batch_layout(self) -> Recipe:

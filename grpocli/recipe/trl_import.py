@@ -235,6 +235,9 @@ def _vllm(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
         if value:
             backend = "vllm-server" if f.get("vllm_mode") == "server" else "vllm"
             b.put(name, "converted", "generation.backend", backend, f"vllm_mode = {f.get('vllm_mode', 'colocate')!r}")
+        else:
+            b.put(name, "converted", "generation.backend", "hf", "transformers' generate, as TRL samples without "
+                  "vLLM; remove it for grpo's 'auto' (the fastest backend installed)")
         return
     if name == "vllm_mode":
         return  # read with use_vllm

@@ -77,7 +77,8 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "transformers_continuous_batching_config": (None, "not supported"),
     "use_transformers_paged": (None, "not supported"),
     # --- GRPOConfig: vLLM ---
-    "use_vllm": ("generation.backend", "'vllm' (colocate) or 'vllm-server'"),
+    "use_vllm": ("generation.backend", "'vllm' (colocate) or 'vllm-server'; false: 'hf' (TRL's default; grpo's "
+                 "is 'auto', the fastest backend installed)"),
     "vllm_mode": ("generation.backend", "colocate -> 'vllm', server -> 'vllm-server'"),
     "vllm_model_impl": (None, "vLLM's own implementation"),
     "vllm_enable_sleep_mode": ("vllm.sleep_mode", "TRL's true is level 2"),
@@ -159,6 +160,7 @@ TRL_DEFAULTS: dict[str, object] = {
     "use_bias_correction_kl": True,
     "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_max": 3.0,
+    "use_vllm": False,  # transformers' generate; grpo's default is 'auto'
 }
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pluggy
 
-from grpocli.version import __version__
 from grpocli.errors import UserError
 from grpocli.registry import hookspecs
 from grpocli.registry.names import Registry
+from grpocli.version import __version__
 
 GROUP = "grpo"
 BUILTIN_PLUGINS = ("grpocli.rewards.builtin", "grpocli.data.builtin", "grpocli.data.curricula",

@@ -10,8 +10,6 @@ import pytest
 from cli_runner import assert_clean_error
 
 
-
-
 def make_plugin_dist(root: Path, dist: str, module: str, code: str) -> dict[str, str]:
     """A real installed distribution (dist-info + module) on a PYTHONPATH entry."""
     root.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ def reference_logprobs():
     return hf_logprobs
 
 
-from vllm_serve_process import API_KEY, TINY, Server, tiny_checkpoint  # noqa: E402
+from vllm_serve_process import TINY, Server, tiny_checkpoint  # noqa: E402
 from vllm_serve_process import free_port as _free_port  # noqa: E402
 
 

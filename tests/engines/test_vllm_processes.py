@@ -16,8 +16,9 @@ pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip i
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 from cli_runner import run_grpo  # noqa: E402
-from grpocli.rundir import RunDir  # noqa: E402
 from tiny_runs import FAST  # noqa: E402
+
+from grpocli.rundir import RunDir  # noqa: E402
 
 SETTINGS = [*FAST, "generation.backend=vllm", "train.num_processes=2", "train.torch_threads=1", "train.steps=3",
             "train.learning_rate=0.03", "train.save_steps=0", "log.rollouts_every=0",

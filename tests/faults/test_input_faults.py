@@ -6,7 +6,6 @@ code 2 and no traceback."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

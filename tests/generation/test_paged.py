@@ -146,19 +146,6 @@ def test_a_repetition_penalty_with_paged_is_refused_naming_the_key(grpo, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_auto_is_vllm_where_installed_else_paged_unless_a_repetition_penalty_asks_for_hf():
-    from importlib.util import find_spec
-
-    from grpocli.recipe import load_recipe
-
-    def auto(*overrides: str) -> str:
-        return load_recipe(None, ["generation.backend=auto", *overrides]).recipe.generation.backend
-
-    vllm = find_spec("vllm") is not None
-    assert auto() == ("vllm" if vllm else "paged")
-    assert auto("generation.repetition_penalty=1.1") == ("vllm" if vllm else "hf")
-
-
 def test_a_sharded_policy_is_refused_before_and_at_load(chatty, grpo):
     """The one refusal, said by preflight for train.sharding = "fsdp2" (before any model loads) and by
     the backend where forwards are collectives that preflight cannot see (DeepSpeed ZeRO-3)."""

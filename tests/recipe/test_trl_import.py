@@ -170,7 +170,7 @@ def test_trl_defaults_are_grpoconfigs():
 
 
 #: TRL defaults that mean what grpo's default means, though the values are written differently.
-SAME_MEANING = {"report_to", "fp16", "use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port",
+SAME_MEANING = {"report_to", "fp16", "vllm_mode", "vllm_server_host", "vllm_server_port",
                 "multi_objective_aggregation"}
 
 

@@ -24,8 +24,7 @@ from grpocli.algorithms.packing import Layout
 from grpocli.parallel import Parallel
 from grpocli.recipe import load_recipe
 from grpocli.trainer.batching import optimizer_batches
-from grpocli.trainer.rollouts import compute_advantages
-from grpocli.trainer.rollouts import Rollouts, Scored
+from grpocli.trainer.rollouts import Rollouts, Scored, compute_advantages
 from grpocli.trainer.step import Frozen, LossSettings, optimizer_step
 
 DEFAULT_ORACLE = Path(__file__).parent / "data" / "trl_oracle_example.json"
