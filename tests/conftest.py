@@ -45,6 +45,7 @@ LONGEST_FIRST = (
     "multiturn/test_environment_packages.py",  # 51
     "faults/test_server_requests.py",   # 50
     "engines/test_vllm_processes.py",   # 140, two processes
+    "engines/test_vllm_stock_server.py",  # ~90 (measured alone), two stock vLLM servers
     "launch/test_launcher.py",          # 49
     "test_gpu_kit.py",                  # 46
     "faults/test_disk_faults.py",       # 40

