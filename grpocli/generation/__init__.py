@@ -15,6 +15,7 @@
     vllm_client.py     generation.backend = "vllm-server": `grpo vllm-serve` servers, sent new weights
     server_client.py   the calls to one `grpo vllm-serve` (wire's protocol and client), failures worded
     stock_client.py    the same calls to one stock vLLM server (`vllm serve`: OpenAI API, RL API); which kind a URL is
+    server_inflight.py the in-flight pipeline on stock vLLM servers: pause with requests kept, weights, resume
     gloo_transfer.py   the "grpo_gloo" weight-transfer engine: a vLLM plugin, so stock vLLM on a CPU takes weights
     fleet.py           several `grpo vllm-serve` processes as one
     weights.py         weights on their way to an engine: names, spec, buckets, wire formats

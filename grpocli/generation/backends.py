@@ -60,7 +60,7 @@ BACKENDS: dict[str, Callable[..., Any]] = {
 
 #: The backends that generate in flight (generation.pipeline = "inflight"): their backend's
 #: ``start_inflight(version)`` returns a grpocli.generation.inflight.InflightBackend.
-INFLIGHT_BACKENDS = ("vllm",)
+INFLIGHT_BACKENDS = ("vllm", "vllm-server")
 
 
 def build_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None = None) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
+from grpocli.generation.inflight import FinishedGroup, GroupRequest, token_versions
 from grpocli.generation.server_client import ServerClient, ServerUnavailable
 from grpocli.generation.weights import PolicyWeights
 from grpocli.wire import generation as grpo_wire
@@ -60,6 +61,8 @@ class StockClient(ServerClient):
         super().__init__(url, timeout=timeout, api_key=api_key)
         self.model = ""
         self.versions = 0
+        self.label: int | None = None  # in flight: the trainer's policy version of the weights being sent
+        self.recompute = False          # in flight: the requests kept recompute their KV cache after a sync
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="grpo-vllm-requests")
 
     # -- start ----------------------------------------------------------------------------
@@ -121,6 +124,40 @@ class StockClient(ServerClient):
                 logprobs.append([float("nan") if x is None else x for x in got])
         return Generated(prompt_ids=[list(p) for p in prompt_ids], completion_ids=completions, truncated=truncated,
                          logprobs=logprobs)
+
+    def generate_group(self, group: GroupRequest, sampling: Sampling, *, default_version: int) -> FinishedGroup:
+        """One group's n samples on the token-in/token-out route, each token with the weight version that
+        sampled it (generation.pipeline = "inflight"; the server needs --enable-scale-out)."""
+        params = {"n": group.n, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "top_k": sampling.top_k or -1, "min_p": sampling.min_p,
+                  "repetition_penalty": sampling.repetition_penalty, "stop": list(sampling.stop), "logprobs": 0,
+                  "seed": group.seed}
+        body = api.TokensRequest(token_ids=group.prompt_ids, sampling_params=params, model=self.model)
+        try:
+            answer = self.call("POST", api.TOKENS_PATH, body, answer=api.TokensAnswer, timeout=None)
+        except UserError as err:
+            if "HTTP 403" in err.what or "HTTP 404" in err.what:
+                raise UserError(f"the vLLM server at {self.url} does not serve {api.TOKENS_PATH}, which in-flight "
+                                "generation reads each token's weight version from", where="generation.pipeline",
+                                valid="a server started with --enable-scale-out, or generation.pipeline = \"sync\"",
+                                hint=f"{RESTART} --enable-scale-out") from None
+            raise
+        choices = sorted(answer.choices, key=lambda c: c.index)
+        ids = [c.token_ids or [] for c in choices]
+        return FinishedGroup(
+            serial=group.serial, prompt_ids=list(group.prompt_ids), completion_ids=ids,
+            truncated=[c.finish_reason == "length" for c in choices],
+            logprobs=[[e.logprob for e in (c.logprobs.content or [])] if c.logprobs else [float("nan")] * len(t)
+                      for c, t in zip(choices, ids)],
+            versions=[token_versions(c.weight_versions, len(t), default_version) for c, t in zip(choices, ids)])
+
+    def label_weights(self, version: int) -> None:
+        """What the server calls the weights it holds from now on (each token's version reports it)."""
+        self.call("POST", api.VERSION_LABEL_PATH, {"new_version": str(version)})
+
+    def abort_all(self) -> None:
+        with contextlib.suppress(UserError):
+            self.call("POST", api.ABORT_PATH, {}, timeout=min(self.timeout, 10.0))
 
     def pause(self, mode: str = "keep") -> None:
         """vLLM's /pause: "keep" freezes the requests in flight (their KV cache too) until /resume."""
@@ -188,10 +225,13 @@ class StockClient(ServerClient):
         announced.result()
 
     def end_update(self, uid: str) -> dict[str, Any]:
-        """vLLM's /finish_weight_update, then its prefix cache reset (cached prefixes hold the old weights' keys)."""
-        self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": uid})
-        self.call("POST", api.RESET_PATH)
-        return {"weights_version": uid}
+        """vLLM's /finish_weight_update (labelled ``self.label`` when in flight, else the update's number), then
+        its prefix cache reset: cached prefixes hold the old weights' keys. Paused with requests kept, only
+        what they do not hold is reset, unless ``self.recompute`` (generation.inflight_kv_cache)."""
+        version = uid if self.label is None else str(self.label)
+        self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": version})
+        self.call("POST", api.RESET_PATH + ("?reset_running_requests=true" if self.recompute else ""))
+        return {"weights_version": version}
 
     def abort_update(self, uid: str) -> None:
         """Close the update (best effort): its layers keep what arrived; the next complete update repairs it."""

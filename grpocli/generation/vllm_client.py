@@ -95,6 +95,21 @@ class VllmServerBackend(PromptEncoder):
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
         self.parallel.wait()
 
+    def start_inflight(self, version: int, *, kv_cache: str = "keep") -> Any:
+        """generation.pipeline = "inflight" on stock vLLM servers (grpocli.generation.server_inflight): vLLM's
+        pause with the requests kept, the weights, resume. grpo vllm-serve cannot keep requests over a sync."""
+        from grpocli.generation.server_inflight import ServerInflight
+        from grpocli.generation.stock_client import StockClient
+
+        own = [c.url for c in self.fleet.clients if not isinstance(c, StockClient)]
+        if own:
+            raise UserError(f"generation.pipeline = \"inflight\" needs servers that pause with their requests kept; "
+                            f"grpo vllm-serve at {', '.join(own)} cannot", where="generation.pipeline",
+                            valid="stock vLLM servers (docs/vllm.md: VLLM_SERVER_DEV_MODE=1 vllm serve MODEL "
+                                  "--weight-transfer-config ... --logprobs-mode processed_logprobs --enable-scale-out)",
+                            hint="start stock vLLM servers, or set generation.pipeline = \"sync\"")
+        return ServerInflight(self.fleet.live, send=self.sync_weights, version=version, kv_cache=kv_cache)
+
     def metrics(self) -> dict[str, float]:
         """vllm/servers, vllm/servers_dropped, vllm/prompts_resent with several servers; else {}."""
         return self.fleet.metrics()

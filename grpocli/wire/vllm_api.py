@@ -7,6 +7,10 @@ grpocli.generation.stock_client.
     GET  /server_info?config_format=json        {"vllm_config": {...}} (VLLM_SERVER_DEV_MODE=1 only)
     GET  /get_world_size                        {"world_size": N}
     POST /v1/completions                        CompletionRequest -> CompletionAnswer
+    POST /inference/v1/generate                 TokensRequest -> TokensAnswer: token ids in and out, and which
+                                                weight version sampled each token (--enable-scale-out only)
+    POST /update_weight_version                 {"new_version": "N"}: the label of the weights from now on
+    POST /abort_requests                        {}: every request in flight
     POST /pause?mode=keep|wait|abort, /resume   the RL API (dev mode)
     POST /init_weight_transfer_engine           {"init_info": {...}}  (the backend's own fields)
     POST /start_weight_update, /update_weights {"update_info": {...}}, /finish_weight_update {"weight_version"}
@@ -20,7 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 VERSION_PATH, SERVER_INFO_PATH, WORLD_SIZE_PATH = "/version", "/server_info?config_format=json", "/get_world_size"
-COMPLETIONS_PATH = "/v1/completions"
+COMPLETIONS_PATH, TOKENS_PATH = "/v1/completions", "/inference/v1/generate"
+VERSION_LABEL_PATH, ABORT_PATH = "/update_weight_version", "/abort_requests"
 PAUSE_PATH, RESUME_PATH = "/pause", "/resume"
 INIT_TRANSFER_PATH, START_UPDATE_PATH = "/init_weight_transfer_engine", "/start_weight_update"
 UPDATE_PATH, FINISH_UPDATE_PATH = "/update_weights", "/finish_weight_update"
@@ -69,6 +74,41 @@ class CompletionAnswer(Loose):
     choices: list[Choice]
 
 
+class TokensRequest(BaseModel):
+    """One prompt's n samples on the token-in/token-out route; ``sampling_params`` is vLLM's SamplingParams."""
+
+    token_ids: list[int]
+    sampling_params: dict[str, Any]
+    model: str | None = None
+
+
+class VersionSpan(Loose):
+    version: str
+    start: int
+    end: int
+
+
+class TokenLogprob(Loose):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprobList(Loose):
+    content: list[TokenLogprob] | None = None
+
+
+class TokensChoice(Loose):
+    index: int
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    logprobs: TokenLogprobList | None = None
+    weight_versions: list[VersionSpan] | None = None
+
+
+class TokensAnswer(Loose):
+    choices: list[TokensChoice]
+
+
 class ModelConfig(Loose):
     model: str
     dtype: str
@@ -88,7 +128,8 @@ class ServerInfo(Loose):
 
 
 __all__ = [
-    "COMPLETIONS_PATH", "FINISH_UPDATE_PATH", "INIT_TRANSFER_PATH", "PAUSE_PATH", "PROCESSED", "RESET_PATH",
+    "ABORT_PATH", "COMPLETIONS_PATH", "FINISH_UPDATE_PATH", "TOKENS_PATH", "VERSION_LABEL_PATH", "INIT_TRANSFER_PATH", "PAUSE_PATH", "PROCESSED", "RESET_PATH",
     "RESUME_PATH", "RL_API_SINCE", "SERVER_INFO_PATH", "START_UPDATE_PATH", "UPDATE_PATH", "VERSION_PATH",
-    "WORLD_SIZE_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "ServerInfo",
+    "WORLD_SIZE_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "ServerInfo", "TokensAnswer",
+    "TokensRequest",
 ]

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 from cli_runner import run_grpo  # noqa: E402
 from vllm_serve_process import StockServer, tiny_checkpoint  # noqa: E402
 
-FLAGS = ("--weight-transfer-config", '{"backend": "grpo_gloo"}', "--logprobs-mode", "processed_logprobs")
+FLAGS = ("--weight-transfer-config", '{"backend": "grpo_gloo"}', "--logprobs-mode", "processed_logprobs",
+         "--enable-scale-out")  # the token-in/token-out route: in flight, each token's weight version
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,22 @@ def test_three_steps_on_stock_vllm_sample_with_the_trainers_weights(stock, tiny_
         assert r["sampling/sampling_logp_difference/max"] < 1e-4, r
     log = stock.tail(1_000_000)  # the weights went through vLLM's own RL API routes
     assert log.count('"POST /finish_weight_update HTTP/1.1" 200') >= 3 and '"POST /update_weights HTTP/1.1" 200' in log
+
+
+def test_in_flight_on_stock_vllm_pauses_with_requests_kept_and_labels_each_token(stock, tiny_dir, tmp_path):
+    """generation.pipeline = "inflight": vLLM's /pause?mode=keep, the weights, /resume; each token carries the
+    version that sampled it (staleness 1 and 2 logged) and, at a learning rate of 1e-30 (the weights do not
+    move), its engine log-prob equals the trainer's."""
+    done = _train(stock, tiny_dir, tmp_path / "run", "generation.pipeline=inflight", "generation.max_staleness=2",
+                  "train.steps=4", "train.learning_rate=1e-30")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert max(r["generation/staleness/max"] for r in rows) == 2  # groups carried over two syncs
+    for r in rows:
+        assert r["sampling/sampling_logp_difference/max"] < 1e-4, r
+    log = stock.tail(1_000_000)
+    assert '"POST /pause?mode=keep HTTP/1.1" 200' in log and '"POST /resume HTTP/1.1" 200' in log
 
 
 def test_a_stock_server_without_the_flags_is_named_before_training(tiny_dir, tmp_path):

@@ -20,7 +20,7 @@ def test_a_backend_that_cannot_is_refused_before_the_model_loads(grpo, tmp_path)
                f"train.output_dir={tmp_path / 'run'}")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "generation.backend = 'hf' generates with the training model itself" in out.stderr
-    assert "'vllm' with pipeline 'inflight'" in out.stderr and 'generation.pipeline = "sync"' in out.stderr
+    assert "'vllm' or 'vllm-server' with pipeline 'inflight'" in out.stderr and 'generation.pipeline = "sync"' in out.stderr
     assert not (tmp_path / "run" / "config.resolved.toml").exists()
 
 
