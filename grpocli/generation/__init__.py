@@ -20,5 +20,6 @@
     fleet.py           several `grpo vllm-serve` processes as one
     weights.py         weights on their way to an engine: names, spec, buckets, wire formats
     lora.py            LoRA adapters added to their base weights out of place, for a weight sync
+    lora_adapter.py    vllm.lora_sync = "adapter": the adapters alone each sync, applied by vLLM (LoRARequest)
     devices.py         which CUDA device a process, thread or server works on; whether two are one GPU
 """

@@ -95,19 +95,20 @@ def no_room_error(one: int, copies: int, free: dict[str, int]) -> UserError:
 
 
 def write_engine_copy(model: Any, tokenizer: Any, directory: str | Path, parallel: Parallel | None = None, *,
-                      disk_usage: Callable[[str], Any] = shutil.disk_usage) -> Path:
+                      disk_usage: Callable[[str], Any] = shutil.disk_usage, adapters: bool = True) -> Path:
     """The policy as a checkpoint vLLM can start from: config, tokenizer, and the weights that
     `sync_weights` sends (LoRA adapters merged, peft names cleaned, FSDP2 shards gathered one
     tensor at a time). Every training process writes its own copy for its own engine, so neither
     transformers' save_pretrained (it writes on the main process only once torch.distributed is
     up, and cannot read DTensor shards) nor a deepcopy of the model (FSDP2 refuses it) is used.
     A directory without room for the weights is a UserError, raised before anything is written
-    there (after the gather, which every process joins)."""
+    there (after the gather, which every process joins). ``adapters=False``: a LoRA policy's base weights
+    alone (an engine that applies the adapters itself)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    with policy_weights(model, parallel=parallel) as weights:  # every process walks the same tensors (FSDP2 gathers)
+    with policy_weights(model, parallel=parallel, adapters=adapters) as weights:  # every process walks the same tensors (FSDP2 gathers)
         tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in weights.unique()}
     need = sum(t.numel() * t.element_size() for t in tensors.values()) + EXTRA_BYTES
     room = int(disk_usage(str(directory)).free)

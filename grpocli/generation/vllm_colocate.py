@@ -28,6 +28,8 @@ from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
 from grpocli.generation.engine_thread import EngineThread
 from grpocli.generation.inflight import sampled_logprobs
+from grpocli.generation.lora import lora_terms
+from grpocli.generation.lora_adapter import adapter_versions, engine_lora_kwargs
 from grpocli.generation.vllm_install import check_head_size, import_vllm
 from grpocli.generation.weights import (
     TensorSpec,
@@ -177,6 +179,8 @@ class VllmEngine:
         self.kv_cache_dtype = str(getattr(cache, "cache_dtype", "auto"))
         self.world_size = 1
         self.spec: dict[str, TensorSpec] = checkpoint_spec(model_dir, self.dtype)
+        self.lora_request: Any = None  # vllm.lora_sync = "adapter": the adapter version requests use
+        self.loaded_bytes = 0  # of the last load_weights
 
     def generate(self, prompts: list[list[int]] | list[str], n: int, sampling: Sampling,
                  *, logprobs: bool = True, seed: int | list[int] | None = None) -> Generated:
@@ -213,8 +217,8 @@ class VllmEngine:
             inputs = [p for p in inputs for _ in range(n)]
             params = [p for p in params for _ in range(n)] if isinstance(params, list) else params
         if chat:
-            return self.llm.chat(inputs, params, use_tqdm=False)
-        return self.llm.generate(inputs, params, use_tqdm=False)
+            return self.llm.chat(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        return self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
 
     def load_weights(self, named: Iterable[tuple[str, Any]], *, recompute_running: bool = False) -> int:
         """Reload weights in place from (checkpoint name, tensor) pairs; returns how many. Then the prefix
@@ -228,6 +232,7 @@ class VllmEngine:
         counted = _Counting(named)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(counted)})
         self.llm.reset_prefix_cache(reset_running_requests=recompute_running)
+        self.loaded_bytes = counted.bytes
         return counted.count
 
     def reset_prefix_cache(self) -> None:
@@ -254,12 +259,15 @@ class VllmEngine:
 
 
 class _Counting:
+    """The tensors of a weight load, counted (``count``) and weighed (``bytes``) as vLLM takes them."""
+
     def __init__(self, named: Iterable[tuple[str, Any]]) -> None:
-        self.named, self.count = named, 0
+        self.named, self.count, self.bytes = named, 0, 0
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         for item in self.named:
             self.count += 1
+            self.bytes += item[1].numel() * item[1].element_size()
             yield item
 
 
@@ -287,9 +295,12 @@ class VllmColocateBackend(PromptEncoder):
         self.parallel = parallel
         device = process_device(parallel.device if parallel else None, _param_device(model))
         cuda = torch.cuda.is_available()
+        self.adapters = adapter_versions(model, v, inflight=inflight, parallel=parallel)
+        extra = {**(inflight_engine_kwargs(cuda) if inflight else {}),
+                 **(engine_lora_kwargs(model) if self.adapters else {})}
         tmp = copy_dir(model, parallel)
         try:
-            write_engine_copy(model, tokenizer, tmp, parallel)
+            write_engine_copy(model, tokenizer, tmp, parallel, adapters=self.adapters is None)
             self.engine = VllmEngine(
                 tmp, dtype=engine_dtype(v.dtype, dtype, cuda=cuda, bf16=cuda and torch.cuda.is_bf16_supported()),
                 max_model_len=v.max_model_len or max_prompt_length + max_completion_length,
@@ -298,15 +309,18 @@ class VllmColocateBackend(PromptEncoder):
                 enforce_eager=v.enforce_eager, gpu_memory_utilization=v.gpu_memory_utilization, seed=seed,
                 max_num_batched_tokens=v.max_num_batched_tokens, device=device, parallel=parallel or Parallel.alone(),
                 sleep_mode=v.sleep_mode > 0,
-                engine_kwargs=inflight_engine_kwargs(cuda) if inflight else None,
+                engine_kwargs=extra or None,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # the engine holds the weights now
         self.checked = False
+        self.last_sync: dict[str, float] = {}  # bytes and tensors of the last sync
         self.policy = model  # vllm.sleep_mode = 2: the weights sent again when the engine wakes
         self.sleep = EngineSleep(self.engine, v.sleep_mode, self.sync_weights)
         self.sleep.sleep()  # TRL: asleep until the first generation
         self.stepping: EngineThread | None = None  # generation.pipeline = "inflight": the thread that steps
+        if self.adapters is not None:  # the engine holds the base weights: the adapters as they are now
+            self._send(model, recompute_running=False)
 
     def start_inflight(self, version: int, *, kv_cache: str = "keep") -> EngineThread:
         """generation.pipeline = "inflight": a thread of this process steps the engine from now on
@@ -347,6 +361,10 @@ class VllmColocateBackend(PromptEncoder):
 
     def _send(self, model: Any, *, recompute_running: bool) -> None:
         self.policy = model
+        if self.adapters is not None:  # vllm.lora_sync = "adapter": a new adapter version, no base weight
+            self.last_sync = {"bytes": float(self.adapters.save(model)), "tensors": float(len(lora_terms(model)) * 2)}
+            self.engine.lora_request = self.adapters.request()
+            return
         self.sleep.wake_weights()  # a sleeping engine's weights are mapped again before they are written
         with policy_weights(model, self.engine.dtype, self.parallel) as weights:
             if not self.checked:
@@ -358,10 +376,17 @@ class VllmColocateBackend(PromptEncoder):
                         hint="report this as a bug in grpo (the engine starts from a copy of the policy)",
                     )
                 self.checked = True
-            self.engine.load_weights(weights, recompute_running=recompute_running)
+            count = self.engine.load_weights(weights, recompute_running=recompute_running)
+            self.last_sync = {"bytes": float(self.engine.loaded_bytes), "tensors": float(count)}
         self.sleep.weights_sent()
 
+    def metrics(self) -> dict[str, float]:
+        """weight_sync/bytes and weight_sync/tensors of the last sync (adapters alone, or the whole model)."""
+        return {f"weight_sync/{k}": v for k, v in self.last_sync.items()}
+
     def close(self) -> None:
+        if self.adapters is not None:
+            self.adapters.close()
         if self.stepping is not None:
             self.stepping.close()
             self.stepping = None

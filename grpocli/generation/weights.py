@@ -200,7 +200,7 @@ class _HeldState(Mapping):
 
 @contextmanager
 def policy_weights(model: Any, dtype: torch.dtype | None = None,
-                   parallel: Parallel | None = None) -> Iterator[PolicyWeights]:
+                   parallel: Parallel | None = None, *, adapters: bool = True) -> Iterator[PolicyWeights]:
     """The policy's weights (PolicyWeights), whole as the parallel strategy makes them (DeepSpeed
     ZeRO-3 gathers its partitions while this is open; default: one process).
 
@@ -209,13 +209,14 @@ def policy_weights(model: Any, dtype: torch.dtype | None = None,
     path does not cover (DoRA, embedding or conv LoRA, several active adapters, other tuners; the
     list in grpocli.generation.lora) falls back to peft's ``merge_adapter`` while this is open and
     ``unmerge_adapter`` after, with a warning naming the layer: its base weights then round a
-    little each sync (in bf16), as TRL's sync does."""
+    little each sync (in bf16), as TRL's sync does. ``adapters=False``: a peft model's base weights
+    alone (what an engine that applies the adapters itself starts from; vllm.lora_sync = "adapter")."""
     peft = hasattr(model, "peft_config") and hasattr(model, "merge_adapter")
     parallel = parallel or Parallel.alone()
     with parallel.whole_weights(model):
         terms: dict[str, LoraTerm] = {}
         in_place = False
-        if peft:
+        if peft and adapters:
             try:
                 terms = lora_terms(model)
             except Uncovered as why:
