@@ -60,6 +60,7 @@ class Measurement:
     checkpoint_s: float | None = None   # one checkpoint save (None: not measured)
     backend: str = ""
     notes: list[str] = field(default_factory=list)
+    sync_bytes: float | None = None     # the last weight sync's bytes (None: the backend does not say)
 
 
 def measured_step(record: StepRecord, shape: ModelShape, *, lora: bool, peak: int) -> MeasuredStep:
@@ -156,7 +157,8 @@ def measure(resolved: Resolved, *, started: float, extras: bool = True, forced: 
                         parameters=sum(x.numel() for x in policy.parameters()),
                         dtype=str(p.dtype).removeprefix("torch."), device=str(p.device),
                         memory_kind=peak_memory(policy)[1],
-                        backend=type(s.backend).__name__)
+                        backend=type(s.backend).__name__,
+                        sync_bytes=(getattr(s.backend, "last_sync", None) or {}).get("bytes"))
         if extras and loop.evaluation is not None:
             t0 = time.perf_counter()
             loop.evaluation.run(s.state.step)

@@ -39,6 +39,7 @@ def figures(recipe: str, m: Measurement, peak: Peak, fc: Forecast) -> dict[str, 
         "peak_device": peak.device, "peak_dtype": peak.dtype, "mfu": achieved / peak.flops_per_s,
         "peak_memory_bytes": max(r.peak_memory for r in m.steps), "peak_memory_kind": m.memory_kind,
         "peak_memory_by_step": [r.peak_memory for r in m.steps],
+        "weight_sync_bytes": m.sync_bytes,
         "idle_share": {"trainer": sum(r.trainer_idle for r in rows) / n / step_s if step_s else 0.0,
                        "engine": sum(r.engine_idle for r in rows) / n / step_s if step_s else 0.0},
         "evaluation_s": m.evaluation_s, "checkpoint_s": m.checkpoint_s,
@@ -82,6 +83,8 @@ def text(f: dict[str, Any]) -> str:
         "groups' tokens, prompt once per group)",
         f"idle: the trainer waited for generation {f['idle_share']['trainer']:.1%} of a step, the generation "
         f"engine had nothing to generate {f['idle_share']['engine']:.1%}",
+        *([f"weight sync: {f['phases_s']['weight_sync']:.3f} s and {f['weight_sync_bytes'] / 1e6:.2f} MB a sync"]
+          if f.get("weight_sync_bytes") else []),
         "",
         f"achieved {_si(f['achieved_flops_per_s'])}FLOP/s; measured matmul peak {_si(f['peak_flops_per_s'])}FLOP/s "
         f"({f['peak_device']}, {f['peak_dtype']}); MFU {f['mfu']:.1%}",

@@ -88,8 +88,9 @@ class VllmServerBackend(PromptEncoder):
         """Main process: send the weights to every server (the spec first, once); everyone: wait for it."""
         with policy_weights(model, self.dtype, self.parallel) as weights:
             if self.parallel.main:
-                self.last_sync = self.fleet.update_weights(weights, check=not self.checked, transport=self.transport,
-                                                           max_bytes=self.bucket_bytes)
+                self.last_sync = {**self.fleet.update_weights(weights, check=not self.checked, transport=self.transport,
+                                                              max_bytes=self.bucket_bytes),
+                                  "bytes": float(sum(spec.nbytes for spec in weights.specs()))}
                 self.checked = True
             else:
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all

@@ -81,7 +81,9 @@ class Plan:
             "fits_with": list(self.together),
             "engine_kv_cache": None if self.engine_cache is None else {
                 "sequences": self.engine_cache.sequences, "generation_batches": self.engine_cache.batches,
-                "needed_bytes": self.engine_cache.needed, "available_bytes": self.engine_cache.available},
+                "needed_bytes": self.engine_cache.needed, "available_bytes": self.engine_cache.available,
+                "lora_bytes": self.engine_cache.lora, "sync_bytes": self.engine_cache.sync,
+                "merged_sync_bytes": self.engine_cache.merged},
         }
 
 

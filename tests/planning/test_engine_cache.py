@@ -38,3 +38,35 @@ def test_other_backends_have_none_and_a_small_share_is_said_not_refused():
     _, small = _cache("generation.backend=vllm", "vllm.gpu_memory_utilization=0.01", "generation.pipeline=inflight",
                       "generation.max_completion_length=4000")
     assert not small.fits and "preempt and recompute" in small.text(lambda n: f"{n / GIB:.2f} GiB")
+
+
+#: Qwen2.5-7B-Instruct's config.json (the numbers of its public config).
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_act": "silu",
+             "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_size": 3584, "intermediate_size": 18944,
+             "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4}
+
+
+def test_adapter_syncs_send_the_adapters_and_the_engine_holds_their_buffers(tmp_path):
+    """7B with r = 16 on q and v (in bfloat16): 28 layers x 16 x ((3584 + 3584) + (3584 + 512)) x 2 bytes a sync,
+    against the whole model's 15 GB; the engine's buffers hold one adapter at vLLM's rank 16."""
+    import json
+
+    folder = tmp_path / "q7"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN25_7B))
+    r = load_recipe("quickstart", [f"model.name_or_path={folder}", "model.dtype=bfloat16", "generation.backend=vllm",
+                                   "model.lora.enabled=true", "model.lora.r=16", 'model.lora.target_modules=["q_proj", "v_proj"]',
+                                   "vllm.gpu_memory_utilization=0.5"]).recipe
+    shape = shape_of(r.model, str(folder))
+    cache = make_plan(r, shape, gpus=1, gpu_memory=80 * GIB, knobs=False).engine_cache
+    adapters = 28 * 16 * ((3584 + 3584) + (3584 + 512))
+    assert shape.params == 7_615_616_512
+    assert (cache.sync, cache.lora, cache.merged) == (adapters * 2, adapters * 2, shape.params * 2)
+    assert cache.available == 40 * GIB - shape.params * 2 - adapters * 2
+    merged = make_plan(load_recipe("quickstart", [f"model.name_or_path={folder}", "model.dtype=bfloat16",
+                                                  "generation.backend=vllm", "model.lora.enabled=true",
+                                                  "vllm.lora_sync=merged"]).recipe, shape, gpus=1,
+                       gpu_memory=80 * GIB, knobs=False).engine_cache
+    assert (merged.lora, merged.sync) == (0, shape.params * 2)
+    assert "sends the adapters alone" in cache.text(lambda n: f"{n / GIB:.2f} GiB")
