@@ -73,9 +73,10 @@ def inflight_batches(r: Recipe) -> int:
 
 def adapter_sync(r: Recipe, gpus: int) -> bool:
     """Whether a LoRA policy's syncs send the adapters alone (grpocli.generation.lora_adapter: vllm.lora_sync
-    "adapter", one process, no sharding, not in flight, no sleep mode), as far as the recipe says."""
+    "adapter", or "auto" on the GPUs a plan is for; one process, no sharding, not in flight, no sleep mode),
+    as far as the recipe says."""
     m, v, t = r.model, r.vllm, r.train
-    return (m.lora.enabled and v.lora_sync == "adapter" and r.generation.pipeline != "inflight"
+    return (m.lora.enabled and v.lora_sync in ("adapter", "auto") and r.generation.pipeline != "inflight"
             and max(gpus, t.num_processes) == 1 and t.sharding == "none" and v.sleep_mode == 0)
 
 

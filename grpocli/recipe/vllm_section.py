@@ -66,12 +66,13 @@ class VllmSection(Section):
         "trainer on waking (least memory, no host copy). Needs vLLM on CUDA; not with generation.async_steps.",
         json_schema_extra=FREE_ON_RESUME,
     )
-    lora_sync: Literal["adapter", "merged"] = Field(
-        "adapter", description="A LoRA policy's weight sync to the colocated engine: 'adapter' sends the adapters "
+    lora_sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto", description="A LoRA policy's weight sync to the colocated engine: 'adapter' sends the adapters "
         "alone and vLLM applies them (the engine holds the base weights once; each sync is a new adapter version); "
-        "'merged' sends the whole model with the adapters added (TRL's way). Where vLLM's LoRA cannot serve the "
-        "adapters (DoRA, embedding LoRA, modules_to_save, rank above 512, in flight, several processes, sleep "
-        "mode) the merged sync is used, with a note saying why.",
+        "'merged' sends the whole model with the adapters added (TRL's way); 'auto': adapter on CUDA, merged on a "
+        "CPU (vLLM's CPU LoRA path made generation several times slower, docs/vllm.md). Where vLLM's LoRA cannot "
+        "serve the adapters (DoRA, embedding LoRA, modules_to_save, rank above 512, in flight, several processes, "
+        "sleep mode) the merged sync is used, with a note saying why.",
         json_schema_extra=FREE_ON_RESUME,
     )
     kv_cache_gb: float = Field(

@@ -31,7 +31,7 @@ def _run(tiny_dir, out, *more):
 
 
 def test_adapter_sync_sends_the_adapters_alone_and_the_engine_samples_the_trained_policy(tiny_dir, tmp_path):
-    _, adapter = _run(tiny_dir, tmp_path / "adapter")
+    _, adapter = _run(tiny_dir, tmp_path / "adapter", "vllm.lora_sync=adapter")  # "auto" is merged on a CPU
     done, merged = _run(tiny_dir, tmp_path / "merged", "vllm.lora_sync=merged")
     assert "falls back" not in done.stderr
     for r in adapter:  # the engine's log-probs are the LoRA policy's, step after step
