@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "faults/test_server_requests.py",   # 50
     "engines/test_vllm_processes.py",   # 140, two processes
     "engines/test_vllm_stock_server.py",  # ~90 (measured alone), two stock vLLM servers
+    "engines/test_vllm_lora_adapter.py",  # ~25
     "launch/test_launcher.py",          # 49
     "test_gpu_kit.py",                  # 46
     "faults/test_disk_faults.py",       # 40

@@ -31,16 +31,15 @@ def _run(tiny_dir, out, *more):
 
 
 def test_adapter_sync_sends_the_adapters_alone_and_the_engine_samples_the_trained_policy(tiny_dir, tmp_path):
-    _, adapter = _run(tiny_dir, tmp_path / "adapter", "vllm.lora_sync=adapter")  # "auto" is merged on a CPU
-    done, merged = _run(tiny_dir, tmp_path / "merged", "vllm.lora_sync=merged")
+    done, adapter = _run(tiny_dir, tmp_path / "adapter", "vllm.lora_sync=adapter")  # "auto" is merged on a CPU
     assert "falls back" not in done.stderr
+    assert all(r["grad_norm"] > 0 for r in adapter)  # the adapters moved between syncs
     for r in adapter:  # the engine's log-probs are the LoRA policy's, step after step
         assert r["sampling/sampling_logp_difference/max"] < 1e-4, r
-    assert [r["grad_norm"] for r in adapter] == pytest.approx([r["grad_norm"] for r in merged], rel=1e-5)
     # 2 layers x 7 adapted projections x (A, B): no base weight travels
     assert {r["weight_sync/tensors"] for r in adapter} == {28.0}
-    sent, whole = adapter[-1]["weight_sync/bytes"], merged[-1]["weight_sync/bytes"]
-    assert 0 < sent < whole / 4, (sent, whole)
+    whole = (tiny_dir / "model.safetensors").stat().st_size  # what a merged sync sends (float32, as saved)
+    assert 0 < adapter[-1]["weight_sync/bytes"] < whole / 4, (adapter[-1]["weight_sync/bytes"], whole)
 
 
 def test_what_vllms_lora_cannot_serve_falls_back_to_merged_weights_saying_why():
