@@ -74,3 +74,28 @@ def unwritable_place(tmp_path: Path) -> Path:
         return Path("/sys")
     os.rmdir("/sys/grpo-write-probe")
     pytest.skip("running as root, where chmod does not stop writes, and /sys is writable here")
+
+
+def sigkill_when(cmd: list[str], ready, *, env: dict[str, str] | None = None, within: float = 300.0,
+                 settle: float = 0.0, what: str = "the moment to kill") -> None:
+    """Start ``cmd``, wait until ``ready()`` (at most ``within`` seconds; the process must stay alive), wait
+    ``settle`` seconds more, then SIGKILL it: a real crash, mid-run. Fails if the run ended before the kill."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env or {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + within
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, f"no {what} within {within:g} s"
+            time.sleep(0.02)
+        time.sleep(settle)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"

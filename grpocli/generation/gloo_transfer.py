@@ -33,7 +33,14 @@ from typing import Any
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferUpdateInfo
 
-from grpocli.generation.weights import TensorSpec, bucket_bytes, open_group, unflatten_bucket
+from grpocli.generation.weights import (
+    TensorSpec,
+    broadcast,
+    bucket_bytes,
+    open_group,
+    tied_embedding,
+    unflatten_bucket,
+)
 
 #: The name in --weight-transfer-config '{"backend": ...}'.
 BACKEND = "grpo_gloo"
@@ -108,20 +115,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                                "first")
         specs = update_info.specs()
         flat = torch.empty(bucket_bytes(specs), dtype=torch.uint8)
-        work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
-        if not work.wait(timedelta(seconds=self.timeout)):
-            raise TimeoutError(f"the weight broadcast did not finish within {self.timeout:g} s")
+        broadcast(self.group, flat, self.timeout)
         named = [(name, t.to(self.device)) for name, t in unflatten_bucket(flat, specs)]
-        self.model.load_weights(named + self._tied(named))
-
-    def _tied(self, named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """A tied lm_head, again under its own name: the layerwise reload rebuilds the lm_head layer apart
-        from the embedding, so it keeps the old weights unless it is sent too (a trainer sends a tied tensor
-        once, under the embedding's name)."""
-        config = getattr(self.model_config, "hf_text_config", None)
-        if not getattr(config, "tie_word_embeddings", False) or any(n == "lm_head.weight" for n, _ in named):
-            return []
-        return [("lm_head.weight", t) for n, t in named if n.endswith("embed_tokens.weight")][:1]
+        embed = tied_embedding(getattr(self.model_config, "hf_text_config", None), (n for n, _ in named))
+        self.model.load_weights(named + [("lm_head.weight", t) for n, t in named if n == embed])
 
     def shutdown(self) -> None:
         self.group = None

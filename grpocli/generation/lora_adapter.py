@@ -68,7 +68,9 @@ def adapter_versions(model: Any, vllm_section: Any, *, inflight: bool, parallel:
     if problem is not None:
         print(f"note: vllm.lora_sync = 'adapter' falls back to merged weights: {problem}", file=sys.stderr, flush=True)
         return None
-    return AdapterVersions()
+    from grpocli.generation.lora import lora_terms
+
+    return AdapterVersions(tensors=2 * len(lora_terms(model)))
 
 
 def engine_lora_kwargs(model: Any) -> dict[str, Any]:
@@ -82,7 +84,8 @@ class AdapterVersions:
     """The adapters of each sync, saved where the engine reads them (shared memory where it has room), the
     latest kept; ``request()`` names the version requests use."""
 
-    def __init__(self) -> None:
+    def __init__(self, tensors: int) -> None:
+        self.tensors = tensors  # A and B of each adapted layer: what each sync sends
         shm = Path("/dev/shm")
         self.root = Path(tempfile.mkdtemp(prefix="grpo-lora-", dir=shm if shm.is_dir() else None))
         self.version = 0

@@ -37,8 +37,9 @@ class ServerClient:
     """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError. Requests are
     built with ``model_construct``: the server checks each (grpocli/wire/generation.py)."""
 
-    #: How errors name the server.
+    #: How errors name the server, and what to do about a broadcast that does not finish.
     kind = "grpo vllm-serve"
+    stalled_hint = "export GRPO_VLLM_WEIGHT_TRANSPORT=http"
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
         self.http = Client(url, timeout=timeout, api_key=api_key)
@@ -184,21 +185,27 @@ class ServerClient:
         self.group_backend = backend
 
     def _broadcast(self, uid: str, flat: Any, specs: list) -> None:
-        """Announce a flat bucket over HTTP while broadcasting it; whichever fails first is reported."""
+        """Announce a flat bucket over HTTP (grpo's /weights/broadcast) while broadcasting it."""
+        self.announced_broadcast(flat, "POST", wire.BROADCAST_PATH, wire.BroadcastBucket.model_construct(
+            update_id=uid, tensors=[wire.Tensor.model_construct(**s.to_json()) for s in specs]))
+
+    def announced_broadcast(self, flat: Any, method: str, path: str, body: Any) -> None:
+        """Call ``method path body`` (the announcement the server receives the bucket by) while broadcasting
+        ``flat`` from rank 0 of the group; whichever fails first is reported, and the group is then dropped
+        (out of step: rebuilt next time)."""
         with ThreadPoolExecutor(1) as pool:
-            announced = pool.submit(self.call, "POST", wire.BROADCAST_PATH, wire.BroadcastBucket.model_construct(
-                update_id=uid, tensors=[wire.Tensor.model_construct(**s.to_json()) for s in specs]))
+            announced = pool.submit(self.call, method, path, body)
             work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
             deadline = time.monotonic() + self.timeout
             while not work.is_completed():
                 if announced.done() and announced.exception() is not None:
-                    self.group, self.group_backend = None, None  # out of step: rebuilt next time
+                    self.group, self.group_backend = None, None
                     raise announced.exception()
                 if time.monotonic() > deadline:
                     self.group, self.group_backend = None, None
                     raise ServerUnavailable(
                         f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
-                        where="vllm.server_timeout", hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http")
+                        where="vllm.server_timeout", hint=self.stalled_hint)
                 time.sleep(0.002)
             try:
                 work.wait()

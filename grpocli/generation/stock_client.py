@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -27,7 +26,7 @@ from typing import Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.inflight import FinishedGroup, GroupRequest, token_versions
-from grpocli.generation.server_client import ServerClient, ServerUnavailable
+from grpocli.generation.server_client import ServerClient
 from grpocli.generation.weights import PolicyWeights
 from grpocli.wire import generation as grpo_wire
 from grpocli.wire import vllm_api as api
@@ -56,6 +55,7 @@ class StockClient(ServerClient):
     """Calls to one stock vLLM server; each bounded by ``timeout`` seconds, failures as UserError."""
 
     kind = "the vLLM server"
+    stalled_hint = "look at the server's terminal"
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
         super().__init__(url, timeout=timeout, api_key=api_key)
@@ -200,29 +200,11 @@ class StockClient(ServerClient):
         self.store, self.group_backend = store, backend
 
     def send_bucket(self, uid: str, payload: Any) -> None:
-        """One flat bucket: announced by /update_weights while it is broadcast; whichever fails first is said."""
+        """One flat bucket: announced by vLLM's /update_weights while it is broadcast."""
         flat, specs = payload
         info = {"names": [s.name for s in specs], "dtype_names": [s.dtype for s in specs],
                 "shapes": [list(s.shape) for s in specs]}
-        announced = self.pool.submit(self.call, "POST", api.UPDATE_PATH, {"update_info": info})
-        work = self.group.broadcast(flat, 0, timedelta(seconds=self.timeout))
-        deadline = time.monotonic() + self.timeout
-        while not work.is_completed():
-            if announced.done() and announced.exception() is not None:
-                self.group = None  # out of step: rebuilt next time
-                raise announced.exception()
-            if time.monotonic() > deadline:
-                self.group = None
-                raise ServerUnavailable(f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
-                                        where="vllm.server_timeout", hint="look at the server's terminal")
-            time.sleep(0.002)
-        try:
-            work.wait()
-        except RuntimeError as exc:  # the peer went away
-            self.group = None
-            raise ServerUnavailable(f"the weight broadcast to {self.url} failed: {exc}", where="vllm.server_url",
-                                    hint="look at the server's terminal") from None
-        announced.result()
+        self.announced_broadcast(flat, "POST", api.UPDATE_PATH, {"update_info": info})
 
     def end_update(self, uid: str) -> dict[str, Any]:
         """vLLM's /finish_weight_update (labelled ``self.label`` when in flight, else the update's number), then

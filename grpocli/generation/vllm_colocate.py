@@ -28,7 +28,6 @@ from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
 from grpocli.generation.engine_thread import EngineThread
 from grpocli.generation.inflight import sampled_logprobs
-from grpocli.generation.lora import lora_terms
 from grpocli.generation.lora_adapter import adapter_versions, engine_lora_kwargs
 from grpocli.generation.vllm_install import check_head_size, import_vllm
 from grpocli.generation.weights import (
@@ -362,7 +361,7 @@ class VllmColocateBackend(PromptEncoder):
     def _send(self, model: Any, *, recompute_running: bool) -> None:
         self.policy = model
         if self.adapters is not None:  # vllm.lora_sync = "adapter": a new adapter version, no base weight
-            self.last_sync = {"bytes": float(self.adapters.save(model)), "tensors": float(len(lora_terms(model)) * 2)}
+            self.last_sync = {"bytes": float(self.adapters.save(model)), "tensors": float(self.adapters.tensors)}
             self.engine.lora_request = self.adapters.request()
             return
         self.sleep.wake_weights()  # a sleeping engine's weights are mapped again before they are written

@@ -371,6 +371,18 @@ def open_group(backend: str, store: Any, rank: int, world_size: int, timeout: fl
     raise ValueError(f"unknown weight transport backend {backend!r} (valid: gloo, nccl)")
 
 
+def tied_embedding(config: Any, names: Iterable[str]) -> str | None:
+    """The embedding a tied ``lm_head.weight`` repeats, among ``names``, for a model ``config`` (a transformers
+    config) that ties them and ``names`` that do not hold the lm_head already: a trainer sends a tied tensor
+    once, under the embedding's name, and vLLM's layerwise reload keeps the old lm_head unless it comes too."""
+    names = list(names)
+    if not getattr(config, "tie_word_embeddings", False) or "lm_head.weight" in names:
+        return None
+    if "model.embed_tokens.weight" in names:
+        return "model.embed_tokens.weight"
+    return next((n for n in names if n.endswith("embed_tokens.weight")), None)
+
+
 def broadcast(group: Any, tensor: torch.Tensor, timeout: float, root: int = 0) -> None:
     """Broadcast from ``root`` and wait at most ``timeout`` seconds (then TimeoutError, or the
     backend's own error)."""
@@ -380,7 +392,7 @@ def broadcast(group: Any, tensor: torch.Tensor, timeout: float, root: int = 0) -
 
 
 __all__ = [
-    "DEFAULT_BUCKET_BYTES", "TensorSpec", "broadcast", "bucket_bytes", "buckets", "checkpoint_spec",
+    "DEFAULT_BUCKET_BYTES", "TensorSpec", "broadcast", "tied_embedding", "bucket_bytes", "buckets", "checkpoint_spec",
     "dtype_from_name", "dtype_name", "flatten_bucket", "open_group", "pack_bucket", "policy_weights",
     "PolicyWeights", "spec_problems", "unflatten_bucket", "unpack_bucket",
 ]

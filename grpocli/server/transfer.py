@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_problems
+from grpocli.generation.weights import Named, TensorSpec, dtype_from_name, spec_problems, tied_embedding
 from grpocli.server.host import EngineHost
 from grpocli.server.peer import TIMEOUT, Peer, join
 from grpocli.server.update import repeat_reason
@@ -93,15 +93,11 @@ class FinishRequest(Body):
 def tied_aliases(engine: Any) -> dict[str, str]:
     """{'lm_head.weight': embedding} for a model whose lm_head is tied to its embedding (TRL sends the
     embedding once, under its own name: named_parameters() lists a shared tensor once)."""
-    spec = engine.spec
     try:
         config = engine.llm.llm_engine.model_config.hf_text_config
     except AttributeError:
         return {}
-    if not getattr(config, "tie_word_embeddings", False) or "lm_head.weight" in spec:
-        return {}
-    embed = next((n for n in ("model.embed_tokens.weight",) if n in spec), None) or next(
-        (n for n in spec if n.endswith("embed_tokens.weight")), None)
+    embed = tied_embedding(config, engine.spec)
     return {"lm_head.weight": embed} if embed else {}
 
 

