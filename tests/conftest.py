@@ -43,7 +43,7 @@ LONGEST_FIRST = (
     "launch/test_processes_in_step.py",  # 65
     "trainer/test_fsdp_lockstep.py",    # 145, two processes
     "multiturn/test_environment_packages.py",  # 51
-    "faults/test_server_requests.py",   # 50
+    "faults/test_server_faults.py",     # ~100 (measured alone), a stock vLLM server
     "engines/test_vllm_processes.py",   # 140, two processes
     "engines/test_vllm_stock_server.py",  # ~90 (measured alone), two stock vLLM servers
     "engines/test_vllm_lora_adapter.py",  # ~25

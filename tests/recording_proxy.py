@@ -1,5 +1,6 @@
-"""A real HTTP proxy on 127.0.0.1 in front of one `grpo vllm-serve` that keeps every /generate body:
-what the trainer's client sent (its seeds, how it split the prompts), seen from outside."""
+"""A real HTTP proxy on 127.0.0.1 in front of one vLLM server that keeps every /v1/completions body
+(one prompt's n samples each): what the trainer's client sent (its seeds, how it split the prompts),
+seen from outside."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class RecordingProxy:
             def do_POST(self) -> None:
                 paths.append(("POST", self.path))
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/generate":
+                if self.path == "/v1/completions":
                     bodies.append(json.loads(data))
                 self.forward(data)
 
@@ -51,10 +52,10 @@ class RecordingProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def taken(self) -> list[dict]:
-        """The /generate bodies since the last call (then forgotten)."""
+        """The /v1/completions bodies since the last call, in the prompts' order of arrival (then forgotten)."""
         out, self.bodies[:] = list(self.bodies), []
         return out
 
     def seeds(self) -> list:
-        """The seeds of each /generate since the last call (then forgotten)."""
+        """The seed of each /v1/completions since the last call (then forgotten)."""
         return [body["seed"] for body in self.taken()]

@@ -28,25 +28,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: What a vLLM server on this CPU machine runs with: the loopback address, 1 GiB of KV cache, no usage report.
+CPU_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
+
 class Server:
-    """A real `grpo vllm-serve` subprocess on 127.0.0.1 (a free port), started with an API key
-    (``api_key=None``: without one, as TRL's client needs: it sends none); ``args``: more flags."""
+    """A real `grpo vllm-serve` subprocess (stock `vllm serve`, which it execs) on 127.0.0.1 (a free port),
+    started with an API key (``api_key=None``: without one, as TRL's client needs: it sends none);
+    ``args``: more flags; its own process group, so ``stop`` reaches the engine process too."""
 
     def __init__(self, model_dir, log_path, api_key: str | None = API_KEY, env: dict | None = None,
                  max_model_len: int = 256, args: tuple[str, ...] = ()) -> None:
-        import subprocess
         import sys
+
+        self.start(model_dir, log_path, api_key, env, [
+            sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", str(model_dir),
+            "--port", "{port}", "--dtype", "float32", "--max-model-len", str(max_model_len),
+            *(["--api-key", api_key] if api_key else []), *args])
+
+    def start(self, model_dir, log_path, api_key, env, argv) -> None:
+        import subprocess
 
         self.model_dir, self.port, self.key = str(model_dir), free_port(), api_key
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", self.model_dir,
-             "--port", str(self.port), "--dtype", "float32", "--max-model-len", str(max_model_len),
-             *(["--api-key", self.key] if self.key else []), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
+        full_env = {**os.environ, **CPU_ENV, **(env or {})}
+        full_env.pop("VLLM_API_KEY", None)
+        self.proc = subprocess.Popen([a.replace("{port}", str(self.port)) for a in argv], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
 
     def wait(self, timeout: float = 180.0) -> None:
         import time
@@ -55,63 +66,17 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"grpo vllm-serve exited ({self.proc.returncode}):\n{self.tail()}")
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.tail()}")
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=2).read()
                 return
             except OSError:
                 time.sleep(0.5)
-        raise RuntimeError(f"grpo vllm-serve did not answer within {timeout} s:\n{self.tail()}")
+        raise RuntimeError(f"the server did not answer within {timeout} s:\n{self.tail()}")
 
     def tail(self, n: int = 3000) -> str:
         self.log.flush()
         return open(self.log_path).read()[-n:]
-
-    def stop(self) -> None:
-        import subprocess
-        import urllib.request
-
-        if self.proc.poll() is None:
-            try:
-                req = urllib.request.Request(self.url + "/close", data=b"{}", method="POST",
-                                             headers={"Authorization": f"Bearer {self.key or ''}",
-                                                      "Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=10).read()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-        self.log.close()
-
-
-class StockServer(Server):
-    """A real stock vLLM server subprocess (vllm-cpu's OpenAI server, the module form: vllm-cpu's `vllm`
-    console script cannot find its distribution) on 127.0.0.1; ``dev_mode``: VLLM_SERVER_DEV_MODE=1 (the
-    RL API); ``args``: vLLM's flags, e.g. the weight-transfer engine and the log-probs mode."""
-
-    def __init__(self, model_dir, log_path, *, dev_mode: bool = True, args: tuple[str, ...] = (),
-                 max_model_len: int = 256) -> None:
-        import subprocess
-        import sys
-
-        self.model_dir, self.port, self.key = str(model_dir), free_port(), None
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w")  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-        env.pop("VLLM_SERVER_DEV_MODE", None)
-        if dev_mode:
-            env["VLLM_SERVER_DEV_MODE"] = "1"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
-             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
-             "--max-model-len", str(max_model_len), "--enforce-eager", *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
 
     def stop(self) -> None:
         """SIGTERM to its process group (the API server and its engine process), then SIGKILL."""
@@ -126,3 +91,20 @@ class StockServer(Server):
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
         self.log.close()
+
+
+class StockServer(Server):
+    """A stock vLLM server started by hand, not by `grpo vllm-serve` (vllm-cpu's OpenAI server, the module
+    form: vllm-cpu's `vllm` console script cannot find its distribution), to see what grpo says of one
+    started without what training needs; ``dev_mode``: VLLM_SERVER_DEV_MODE=1 (the RL API); ``args``:
+    vLLM's flags, e.g. the weight-transfer engine and the log-probs mode."""
+
+    def __init__(self, model_dir, log_path, *, dev_mode: bool = True, args: tuple[str, ...] = (),
+                 max_model_len: int = 256) -> None:
+        import sys
+
+        env = {"VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0"}
+        self.start(model_dir, log_path, None, env, [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32",
+            "--max-model-len", str(max_model_len), "--enforce-eager", *args])

@@ -1,7 +1,7 @@
 """`grpo eval RECIPE`: sample with the recipe's backend, score with its rewards, compare models.
 
 The backend comes from the same table as training's (grpocli.generation.backends.BACKENDS), so
-`grpo eval` samples with transformers, a colocated vLLM engine or a `grpo vllm-serve` server.
+`grpo eval` samples with transformers, a colocated vLLM engine or a vLLM server (`grpo vllm-serve`).
 
 Names (rewards, dataset, split, k) and checkpoints are checked before any model loads. Each
 model samples from the same prompts with the same seed (train.seed), so a checkpoint and the

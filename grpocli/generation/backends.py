@@ -41,7 +41,7 @@ def vllm_colocated_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: 
 
 
 def vllm_server_backend(model: Any, tokenizer: Any, recipe: Recipe, *, seed: int, parallel: Parallel | None) -> Any:
-    """The `grpo vllm-serve` process(es) at vllm.server_url (one URL or a fleet); the model's
+    """The vLLM server(s) at vllm.server_url (one URL or a fleet); the model's
     weights are sent to every server at once."""
     from grpocli.generation.vllm_client import VllmServerBackend
 

@@ -1,13 +1,9 @@
-"""Which CUDA device a process, a thread or a server works on, and whether two are the same GPU.
+"""Which CUDA device a process or a thread works on.
 
 CUDA's current device belongs to each thread: a thread starts on GPU 0 whatever its process
-chose, so a worker thread that runs the engine or the model (the prefetch thread, a server's
-engine thread, a fleet's sender threads) first makes the process's device its own (``use_device``),
+chose, so a worker thread that runs the engine or the model (the prefetch thread, the engine
+thread, a fleet's sender threads) first makes the process's device its own (``use_device``),
 as TRL's VLLMClient does before it joins a weight-transfer group (``torch.cuda.set_device``).
-
-Two processes see one GPU under different indices (CUDA_VISIBLE_DEVICES), so ``gpu_identity``
-names a GPU by its UUID, which every process sees alike; `grpo vllm-serve` reports its own in
-/info, and the trainer compares it with its own before it picks NCCL (``same_gpu``).
 """
 
 from __future__ import annotations
@@ -65,29 +61,4 @@ def adopt_thread(device: Any, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def gpu_identity(device: Any) -> dict[str, Any]:
-    """What /info says about a device: {"type": "cpu"} or {"type": "cuda", "index", "uuid", "name"};
-    the UUID is the same in every process that sees the GPU, whatever its index there."""
-    cuda = cuda_device(device)
-    if cuda is None:
-        return {"type": "cpu"}
-    props = torch.cuda.get_device_properties(cuda)
-    return {"type": "cuda", "index": cuda.index, "uuid": str(getattr(props, "uuid", "")) or None,
-            "name": props.name}
-
-
-def same_gpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool | None:
-    """Whether two ``gpu_identity`` answers name one GPU: True or False where both are GPUs with a
-    UUID; False where either is no GPU; None where it cannot be told (a GPU without a UUID, or a
-    server that did not say)."""
-    if not a or not b:
-        return None
-    if a.get("type") != "cuda" or b.get("type") != "cuda":
-        return False
-    if not a.get("uuid") or not b.get("uuid"):
-        return None
-    return a["uuid"] == b["uuid"]
-
-
-__all__ = ["adopt_thread", "cuda_device", "current_cuda_device", "gpu_identity", "process_device", "same_gpu",
-           "use_device"]
+__all__ = ["adopt_thread", "cuda_device", "current_cuda_device", "process_device", "use_device"]

@@ -19,7 +19,7 @@ On CUDA it follows TRL's colocated engine (``trl/generation/vllm_generation.py``
 * the per-process seed the trainer gives (its run seed + process index), as TRL seeds each
   data-parallel engine by process index.
 
-A `grpo vllm-serve` engine (``colocated=False``) is alone in its process and keeps vLLM's own
+An engine alone in its process (``colocated=False``: a single training process) keeps vLLM's own
 executor on its GPU.
 """
 
@@ -92,7 +92,7 @@ def engine_options(model: str, device: torch.device | None, *, world: int = 1, r
     launcher on CUDA); else it is alone in its process (a server). Log-probs are vLLM's
     processed ones (after temperature), as TRL's importance-sampling correction asks. ``sleep_mode``:
     vLLM's ``enable_sleep_mode`` (vllm.sleep_mode; grpocli.generation.engine_sleep), set only when asked.
-    ``extra``: more of vllm.LLM's arguments as they are (`grpo vllm-serve`'s TRL flags, grpocli.server.flags).
+    ``extra``: more of vllm.LLM's arguments as they are.
     """
     cuda = device is not None and device.type == "cuda"
     kwargs: dict[str, Any] = {

@@ -33,7 +33,7 @@ def check_sleep_mode(level: int, *, backend: str, async_steps: int = 0, inflight
     if backend != "vllm":
         raise UserError(
             f"sleep mode (level {level}) applies only to the colocated vLLM engine, not to generation.backend = "
-            f"{backend!r} ('hf' generates with the training model itself; a `grpo vllm-serve` process has its own "
+            f"{backend!r} ('hf' generates with the training model itself; a vLLM server process has its own "
             "GPU, which the trainer does not share)", where="vllm.sleep_mode",
             valid="0 (off) with 'hf' or 'vllm-server'; 1 or 2 with generation.backend = \"vllm\"",
             hint=f"set generation.backend = \"vllm\" to train beside a sleeping engine, {off}",

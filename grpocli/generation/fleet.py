@@ -1,4 +1,4 @@
-"""Several `grpo vllm-serve` processes as one: vllm.server_url = ["http://a:8000", "http://b:8000"].
+"""Several vLLM servers as one: vllm.server_url = ["http://a:8000", "http://b:8000"].
 
 Generation: the prompts are spread over the live servers by whole groups (all n samples of a
 prompt go to one server, in one request), in contiguous, nearly equal shares; the requests go out
@@ -6,9 +6,9 @@ at once and the results come back in the prompts' order. Each prompt carries the
 drew for it, the one it would have with a single server, so how many servers share the work does
 not change which seeds sample which prompt.
 
-Weights: every bucket is packed (HTTP) or flattened (gloo/NCCL) once and sent to all live servers
-at the same time, each over its own connection or two-party group, so a sync holds one bucket in
-flight, not one per server.
+Weights: every bucket is flattened once and broadcast to all live servers at the same time, each
+over its own group (the trainer and that server's workers), so a sync holds one bucket in flight,
+not one per server.
 
 Failures: a server that cannot be reached, drops the connection, times out or answers 5xx
 (``ServerUnavailable``) stops training with an error naming its URL. With
@@ -36,7 +36,6 @@ from grpocli.generation.weights import (
     PolicyWeights,
     buckets,
     flatten_bucket,
-    pack_bucket,
 )
 
 DROP_HINT = ("restart it (grpo vllm-serve ...), or set vllm.drop_failed_servers = true to train on without "
@@ -103,27 +102,27 @@ class ServerFleet:
         return _merge([done[i] for i in range(len(prompt_ids))])
 
     # -- weights --------------------------------------------------------------------------
-    def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
+    def update_weights(self, weights: PolicyWeights, *, transport: str = "gloo",
                        max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
         """One update on every live server, each bucket prepared once and sent to all at once.
         Where it fails, the updates opened on the other servers are aborted (their weights then
         count as incomplete until the next complete update)."""
-        uids, failed = self.gather({c: partial(c.begin_update, weights, check=check, transport=transport)
-                                    for c in self.live})
+        uids, failed = self.gather({c: partial(c.begin_update, transport) for c in self.live})
+        sent = 0
         try:
             uids = self.settle(uids, failed, what="the weight update")
             for bucket in buckets(weights.unique(), max_bytes):
                 uids = self._send(uids, bucket, transport)
+                sent += len(bucket)
             ends = self.each({c: partial(c.end_update, uid) for c, uid in uids.items()}, what="the weight update")
         except BaseException:
             self.gather({c: partial(c.abort_update, uid) for c, uid in uids.items()})
             raise
-        return ends[next(iter(ends))]
+        return {**ends[next(iter(ends))], "tensors": sent}  # the tensors sent (a tied lm_head is not)
 
     def _send(self, uids: dict[ServerClient, str], bucket: list, transport: str) -> dict[ServerClient, str]:
-        """One bucket, packed or flattened once, to every server at once; the updates still open."""
-        device = "cuda" if transport == "nccl" else "cpu"
-        payload = pack_bucket(bucket) if transport == "http" else flatten_bucket(bucket, device)
+        """One bucket, flattened once, broadcast to every server at once; the updates still open."""
+        payload = flatten_bucket(bucket, "cuda" if transport == "nccl" else "cpu")
         sent = self.each({c: partial(c.send_bucket, uid, payload) for c, uid in uids.items()},
                          what="the weight update")
         return {c: uids[c] for c in sent}
@@ -189,7 +188,7 @@ class ServerFleet:
         self.live.remove(client)
         self.dropped.append(client.url)
         reason = str(error.what if isinstance(error, UserError) else error).splitlines()[0]
-        print(f"warning: dropped grpo vllm-serve at {client.url} after it failed during {what} ({reason}); "
+        print(f"warning: dropped the vLLM server at {client.url} after it failed during {what} ({reason}); "
               f"{len(self.live)} of {len(self.clients)} servers left (vllm.drop_failed_servers = true)",
               file=sys.stderr, flush=True)
 
@@ -201,7 +200,7 @@ class ServerFleet:
                 "vllm/prompts_resent": float(self.prompts_resent)}
 
     def close(self) -> None:
-        pass  # the servers outlive the run; stop each with POST /close or Ctrl-C
+        pass  # the servers outlive the run; stop each with Ctrl-C
 
 
 def _merge(rows: list[tuple]) -> Generated:

@@ -12,7 +12,7 @@ It is registered through vLLM's own plugin entry point (``vllm.general_plugins``
 ``register`` below), which vLLM loads in every process it starts, so installing grpocli is all a
 server needs: no patched vLLM, no second server.
 
-The exchange (grpocli.generation.stock_client is the trainer's side):
+The exchange (grpocli.generation.server_client is the trainer's side):
 
     POST /init_weight_transfer_engine {"init_info": {master_address, master_port, world_size, rank_offset,
                                        timeout}}: the trainer hosts a TCPStore at master_address:master_port
@@ -20,12 +20,15 @@ The exchange (grpocli.generation.stock_client is the trainer's side):
     POST /start_weight_update          vLLM's layerwise reload begins
     POST /update_weights {"update_info": {names, dtype_names, shapes}}: one bucket, which arrives as one
                                        broadcast from rank 0 of a flat byte tensor
-                                       (grpocli.generation.weights.flatten_bucket's layout)
+                                       (grpocli.generation.weights.flatten_bucket's layout); or, when
+                                       init_info said "packed": true (TRL's VLLMClient), vLLM's packed
+                                       chunks (vllm.distributed.weight_transfer.packed_tensor's layout)
     POST /finish_weight_update         the reload ends: layers that got no tensor keep their weights
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -37,6 +40,7 @@ from grpocli.generation.weights import (
     TensorSpec,
     broadcast,
     bucket_bytes,
+    dtype_from_name,
     open_group,
     tied_embedding,
     unflatten_bucket,
@@ -53,6 +57,9 @@ class GlooInitInfo:
     world_size: int
     rank_offset: int = 1
     timeout: float = 600.0
+    packed: bool = False  # vLLM's packed chunks (TRL's client sends them), as its NCCL engine takes them
+    packed_buffer_size_bytes: int = 1024**3
+    packed_num_buffers: int = 2  # the sender's double buffering: one broadcast at a time either way
 
 
 @dataclass
@@ -79,6 +86,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.group: Any = None
         self.timeout = 600.0
+        self.packed, self.packed_bytes = False, 1024**3
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         import torch.distributed as dist
@@ -86,6 +94,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         p = self.parallel_config
         rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
         self.timeout = init_info.timeout
+        self.packed, self.packed_bytes = init_info.packed, init_info.packed_buffer_size_bytes
         store = dist.TCPStore(init_info.master_address, init_info.master_port, init_info.world_size, False,
                               timedelta(seconds=init_info.timeout))
         local = "127.0.0.1" if init_info.master_address in ("127.0.0.1", "localhost") else None
@@ -114,14 +123,43 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise RuntimeError("the grpo_gloo weight transfer is not initialized: POST /init_weight_transfer_engine "
                                "first")
         specs = update_info.specs()
+        if self.packed:
+            for chunk in packed_chunks(specs, self.packed_bytes):
+                self._load(self._receive_packed(chunk))
+            return
         flat = torch.empty(bucket_bytes(specs), dtype=torch.uint8)
         broadcast(self.group, flat, self.timeout)
-        named = [(name, t.to(self.device)) for name, t in unflatten_bucket(flat, specs)]
+        self._load(unflatten_bucket(flat, specs))
+
+    def _receive_packed(self, chunk: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
+        from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
+
+        dtypes = [dtype_from_name(s.dtype) for s in chunk]
+        sizes = [math.prod(s.shape) * d.itemsize for s, d in zip(chunk, dtypes)]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8)
+        broadcast(self.group, flat, self.timeout)
+        return unpack_tensor(flat, [s.name for s in chunk], [list(s.shape) for s in chunk], dtypes, sizes)
+
+    def _load(self, received: list[tuple[str, torch.Tensor]]) -> None:
+        named = [(name, t.to(self.device)) for name, t in received]
         embed = tied_embedding(getattr(self.model_config, "hf_text_config", None), (n for n, _ in named))
         self.model.load_weights(named + [("lm_head.weight", t) for n, t in named if n == embed])
 
     def shutdown(self) -> None:
         self.group = None
+
+
+def packed_chunks(specs: list[TensorSpec], buffer_bytes: int) -> list[list[TensorSpec]]:
+    """The chunks vLLM's pack_tensors cuts ``specs`` into: tensors are added until the chunk passes
+    ``buffer_bytes`` (the tensor that passes it is the chunk's last)."""
+    chunks, chunk, size = [], [], 0
+    for spec in specs:
+        chunk.append(spec)
+        size += math.prod(spec.shape) * dtype_from_name(spec.dtype).itemsize
+        if size > buffer_bytes:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    return chunks + ([chunk] if chunk else [])
 
 
 def register() -> None:
@@ -133,4 +171,4 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
 
 
-__all__ = ["BACKEND", "GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "register"]
+__all__ = ["BACKEND", "GlooInitInfo", "GlooUpdateInfo", "GlooWeightTransferEngine", "packed_chunks", "register"]

@@ -21,11 +21,11 @@ log-prob of it (`FinishedGroup.versions`, `.logprobs`), so the trainer's importa
 trainer's version minus the token's.
 
 Implementations: the colocated engine (generation.backend = "vllm": grpocli.generation.engine_thread,
-its steps on a thread of the training process). A `grpo vllm-serve` implementation answers the same
-five calls over HTTP: submit as token ids with a seed per group; finished as a long poll; sync as
-vLLM's ``pause_generation(mode="keep", clear_cache=False)``, the weight transfer the server already has,
-``set_weight_version`` and ``resume_generation``; the spans of vLLM's ``CompletionOutput.weight_versions``
-turned into one version per token (`token_versions`).
+its steps on a thread of the training process), and vLLM servers (generation.backend = "vllm-server":
+grpocli.generation.server_inflight), the same five calls over HTTP: a group as token ids with its seed;
+a sync as vLLM's ``POST /pause?mode=keep``, the weight transfer labelled with the policy version and
+``POST /resume``; the spans of vLLM's ``weight_versions`` turned into one version per token
+(`token_versions`).
 """
 
 from __future__ import annotations

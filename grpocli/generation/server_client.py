@@ -1,18 +1,31 @@
-"""The trainer's client of one `grpo vllm-serve`: generate, weight updates (HTTP buckets, or gloo/NCCL
-broadcasts announced over HTTP), the wait for a starting server.
+"""The trainer's client of one vLLM server: stock `vllm serve` (vLLM >= 0.32) in dev mode with a
+weight-transfer engine, as `grpo vllm-serve` starts it. Generation goes through /v1/completions from
+token ids (and /inference/v1/generate in flight, which says which weights sampled each token), weights
+through vLLM's RL API (grpocli/wire/vllm_api.py lists the paths).
 
-The protocol is grpocli/wire/generation.py's, spoken through grpocli.wire.client: every call has a
-timeout (``vllm.server_timeout``) that bounds the whole answer and ends in a UserError naming the URL
-and what to do, never a hang. The API key, if the server has one, is sent as a Bearer token (the
-backend reads it from GRPO_VLLM_API_KEY). Failures come in two kinds: ``ServerUnavailable`` (no
-answer: refused or dropped connection, time up, HTTP 5xx), which a fleet may drop the server for
-(grpocli.generation.fleet), and any other UserError (a 4xx refusal, an answer outside the protocol),
-which every server would give alike.
+    grpo vllm-serve --model MODEL                                           # all of the below
+    VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}' \\
+        --logprobs-mode processed_logprobs                    # GPUs (TRL's command)
+    ... --weight-transfer-config '{"backend": "grpo_gloo"}'    # no GPU: grpocli.generation.gloo_transfer
+
+Before training, what the server lacks is named with the flag to add: dev mode (the RL API's routes),
+a weight-transfer engine, processed log-probs (raw ones bias the importance-sampling correction, as
+TRL 1.16 warns), a vLLM older than the RL API. Weights: the trainer hosts the group's TCPStore as
+rank 0 (a free port on the address the server reaches it by) and the server's workers join it; each
+bucket is announced by POST /update_weights while it is broadcast, as vLLM's own NCCL engine does.
+
+Every call goes through grpocli.wire.client with a timeout (``vllm.server_timeout``) that bounds the
+whole answer and ends in a UserError naming the URL and what to do, never a hang. The API key, if the
+server has one, is sent as a Bearer token (the backend reads it from GRPO_VLLM_API_KEY). Failures come
+in two kinds: ``ServerUnavailable`` (no answer: refused or dropped connection, time up, HTTP 5xx), which
+a fleet may drop the server for (grpocli.generation.fleet), and any other UserError (a 4xx refusal, an
+answer outside the protocol), which every server would give alike.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -21,11 +34,16 @@ from typing import Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
-from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, flatten_bucket, pack_bucket
-from grpocli.wire import generation as wire
-from grpocli.wire.client import BadAnswer, Client, Refused, Unavailable, read_answer
+from grpocli.generation.inflight import FinishedGroup, GroupRequest, token_versions
+from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, flatten_bucket
+from grpocli.wire import vllm_api as api
+from grpocli.wire.client import BadAnswer, Client, Refused, Unavailable
 
+#: The engine's --weight-transfer-config backend -> grpo's transport over it.
+TRANSPORTS = {"grpo_gloo": "gloo", "nccl": "nccl"}
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
+RESTART = ("restart it with grpo vllm-serve --model MODEL, or: VLLM_SERVER_DEV_MODE=1 vllm serve MODEL "
+           "--weight-transfer-config '{\"backend\": \"grpo_gloo\"}' (\"nccl\" on GPUs) --logprobs-mode processed_logprobs")
 
 
 class ServerUnavailable(UserError):
@@ -34,23 +52,27 @@ class ServerUnavailable(UserError):
 
 
 class ServerClient:
-    """Calls to one `grpo vllm-serve`; each bounded by ``timeout`` seconds, failures as UserError. Requests are
-    built with ``model_construct``: the server checks each (grpocli/wire/generation.py)."""
+    """Calls to one vLLM server; each bounded by ``timeout`` seconds, failures as UserError."""
 
-    #: How errors name the server, and what to do about a broadcast that does not finish.
-    kind = "grpo vllm-serve"
-    stalled_hint = "export GRPO_VLLM_WEIGHT_TRANSPORT=http"
+    kind = "vLLM server"
+    stalled_hint = "look at the server's terminal"
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None) -> None:
         self.http = Client(url, timeout=timeout, api_key=api_key)
         self.url, self.timeout, self.api_key = self.http.url, timeout, api_key
         self.group: Any = None
         self.group_backend: str | None = None
+        self.store: Any = None
+        self.model = ""
+        self.versions = 0
+        self.label: int | None = None  # in flight: the trainer's policy version of the weights being sent
+        self.recompute = False          # in flight: the requests kept recompute their KV cache after a sync
+        self.pool = ThreadPoolExecutor(8, thread_name_prefix="grpo-vllm-requests")
 
     # -- HTTP ----------------------------------------------------------------------------
     def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
              answer: Any = None) -> Any:
-        """The answer as JSON, or as the ``answer`` model (grpocli.wire.generation); failures as UserError."""
+        """The answer as JSON, or as the ``answer`` model (grpocli.wire.vllm_api); failures as UserError."""
         timeout = self.timeout if timeout is None else timeout
         try:
             return self.http.call(method, path, body, answer=answer, timeout=timeout)
@@ -59,135 +81,229 @@ class ServerClient:
         except Unavailable as exc:
             if exc.timed_out:
                 raise ServerUnavailable(
-                    f"{self.kind} at {self.url} did not answer {method} {path} within {timeout:g} s",
+                    f"the {self.kind} at {self.url} did not answer {method} {path} within {timeout:g} s",
                     where="vllm.server_timeout", valid="a longer timeout, or a server that is not stuck",
                     hint="raise vllm.server_timeout, and look at the server's terminal for errors",
                 ) from None
             raise ServerUnavailable(  # refused, reset, cut short
                 f"no {self.kind} answers at {self.url} ({exc.reason})", where="vllm.server_url",
-                valid="the URL of a running `grpo vllm-serve`", hint=START_HINT,
+                valid="the URL of a running vLLM server (grpo vllm-serve)", hint=START_HINT,
             ) from None
         except BadAnswer as exc:
             raise self._bad(method, path, exc) from None
 
     def _refused(self, exc: Refused) -> UserError:
-        hint = {401: f"export {wire.KEY_ENV}=<the server's --api-key> before grpo train",
-                409: "the server's model must be the policy's architecture: grpo vllm-serve --model <the model "
-                     "you train>; if an update failed midway, the next complete one repairs it"}.get(
+        hint = {401: f"export {api.KEY_ENV}=<the server's --api-key> before grpo train",
+                503: "an update that failed midway leaves the weights incomplete (/health says so); the next "
+                     "complete one repairs them"}.get(
             exc.status, "look at the server's terminal for the full error")
         error = ServerUnavailable if exc.status >= 500 else UserError  # 5xx: its engine is stuck, dead or failing
-        return error(f"{self.kind} at {self.url} refused {exc.path}: HTTP {exc.status}: {exc.detail}",
+        return error(f"the {self.kind} at {self.url} refused {exc.path}: HTTP {exc.status}: {exc.detail}",
                      where="vllm.server_url", hint=hint)
 
     def _bad(self, method: str, path: str, exc: BadAnswer) -> UserError:
-        return UserError(f"{self.kind} at {self.url} answered {method} {path} outside its protocol: {exc.what}",
+        return UserError(f"the {self.kind} at {self.url} answered {method} {path} outside its protocol: {exc.what}",
                          where=f"{exc.field} of the answer",
-                         valid=f"an answer of grpo vllm-serve, protocol {wire.PROTOCOL_VERSION}",
-                         hint="pip install the same grpocli on both machines, then restart the server")
+                         valid=f"an answer of vLLM {'.'.join(map(str, api.RL_API_SINCE))} or later",
+                         hint="look at the server's vLLM version (GET /version)")
 
     def wait_for_health(self, timeout: float | None = None) -> None:
-        """Poll /health until the server answers (it may still be starting); /health is grpo's and vLLM's."""
+        """Poll /health until the server answers (it may still be starting). A server whose weights an
+        update left incomplete (503 "weights_incomplete", grpocli.server.guard) is up: the first update repairs it."""
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.call("GET", wire.HEALTH_PATH, timeout=min(5.0, timeout))
+                self.call("GET", api.HEALTH_PATH, timeout=min(5.0, timeout))
                 return
             except UserError as err:
+                if api.INCOMPLETE in err.what:
+                    return
                 if time.monotonic() + 1.0 > deadline:
                     raise UserError(f"{err.what}; waited {timeout:g} s", where=err.where, valid=err.valid,
                                     hint=err.hint) from None
                 time.sleep(1.0)
 
+    # -- start ----------------------------------------------------------------------------
     def wait_until_ready(self, timeout: float | None = None) -> dict[str, Any]:
-        """Poll /health until the server answers (it may still be starting), then read /info."""
+        """/health, then what the server must have to train against: every missing part named."""
         self.wait_for_health(timeout)
-        info = self.call("GET", wire.INFO_PATH)
-        if not isinstance(info, dict) or info.get("protocol") != wire.PROTOCOL_VERSION:
-            raise UserError(
-                f"the server at {self.url} is not a grpo vllm-serve of protocol {wire.PROTOCOL_VERSION} "
-                f"(it says {info.get('protocol') if isinstance(info, dict) else info!r})", where="vllm.server_url",
-                valid="`grpo vllm-serve` from the same grpo version as the trainer",
-                hint="pip install the same grpocli on both machines, then restart the server",
-            )
+        version = str(self.call("GET", api.VERSION_PATH).get("version", "0"))
+        if _release(version) < api.RL_API_SINCE:
+            raise UserError(f"the vLLM server at {self.url} runs vLLM {version}, which has no RL API (pause, resume, "
+                            "weight-transfer engines)", where="vllm.server_url",
+                            valid=f"vLLM {'.'.join(map(str, api.RL_API_SINCE))} or later",
+                            hint="pip install -U vllm on the server, or run grpo vllm-serve there")
         try:
-            return read_answer(wire.EngineInfo, info).model_dump()
-        except BadAnswer as exc:
-            raise self._bad("GET", wire.INFO_PATH, exc) from None
+            info = self.call("GET", api.SERVER_INFO_PATH, answer=api.ServerInfo).vllm_config
+        except UserError as err:
+            if "HTTP 404" not in err.what:
+                raise
+            raise UserError(f"the vLLM server at {self.url} does not expose its RL API (weight updates, pause)",
+                            where="vllm.server_url", valid="a server started with VLLM_SERVER_DEV_MODE=1",
+                            hint=RESTART) from None
+        backend = (info.weight_transfer_config or {}).get("backend")
+        m = info.model_config_
+        lacks = []
+        if backend not in TRANSPORTS:
+            has = "no weight-transfer engine" if backend is None else f"the weight-transfer engine {backend!r}"
+            lacks.append((f"{has} (grpo sends weights through {' or '.join(TRANSPORTS)})",
+                          "--weight-transfer-config '{\"backend\": \"grpo_gloo\"}' (any machine; \"nccl\" on GPUs)"))
+        if m.logprobs_mode != api.PROCESSED:
+            lacks.append((f"{m.logprobs_mode} (the importance-sampling correction needs the log-probs tokens were "
+                          "sampled with, after temperature and top-k/top-p, else it is biased)",
+                          "--logprobs-mode processed_logprobs"))
+        if lacks:
+            raise UserError(f"the vLLM server at {self.url} has " + "; and ".join(what for what, _ in lacks),
+                            where="vllm.server_url", valid=" ".join(flag for _, flag in lacks), hint=RESTART)
+        self.model = str(m.served_model_name or m.model)
+        world = int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
+        return {"protocol": "vllm", "model": self.model, "max_model_len": m.max_model_len, "world_size": world,
+                "dtype": m.dtype.removeprefix("torch."), "weights_version": None,
+                "transports": [TRANSPORTS[backend]], "device": None, "vllm": version}
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
                  seed: int | list[int] | None = None) -> Generated:
-        """n completions per prompt; ``seed``: one for every prompt, one per prompt, or none (the engine's)."""
-        body = wire.GenerateRequest.model_construct(  # unchecked: the server checks every body
-            prompt_ids=prompt_ids, n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop), seed=seed, logprobs=True)
-        out = self.call("POST", wire.GENERATE_PATH, body, answer=wire.GenerateAnswer)
-        return Generated(prompt_ids=out.prompt_ids, completion_ids=out.completion_ids, truncated=out.truncated,
-                         logprobs=out.logprobs)
+        """n completions per prompt, one request per prompt (each with its own seed), all at once. Greedy
+        (temperature 0) asks for one, which is all n (vLLM refuses n > 1 with greedy sampling)."""
+        seeds = seed if isinstance(seed, list) else [seed] * len(prompt_ids)
+        greedy = sampling.temperature == 0
+        asked = [api.CompletionRequest(
+            model=self.model, prompt=ids, n=1 if greedy else n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k or -1, min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty, stop=list(sampling.stop), seed=s)
+            for ids, s in zip(prompt_ids, seeds)]
+        answers = list(self.pool.map(
+            lambda body: self.call("POST", api.COMPLETIONS_PATH, body, answer=api.CompletionAnswer), asked))
+        completions, truncated, logprobs = [], [], []
+        for answer in answers:
+            for choice in sorted(answer.choices, key=lambda c: c.index) * (n if greedy else 1):
+                completions.append(list(choice.token_ids))
+                truncated.append(choice.finish_reason == "length")
+                got = choice.logprobs.token_logprobs if choice.logprobs else []
+                logprobs.append([float("nan") if x is None else x for x in got])
+        return Generated(prompt_ids=[list(p) for p in prompt_ids], completion_ids=completions, truncated=truncated,
+                         logprobs=logprobs)
+
+    def generate_group(self, group: GroupRequest, sampling: Sampling, *, default_version: int) -> FinishedGroup:
+        """One group's n samples on the token-in/token-out route, each token with the weight version that
+        sampled it (generation.pipeline = "inflight"; the server needs --enable-scale-out)."""
+        params = {"n": group.n, "max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "top_k": sampling.top_k or -1, "min_p": sampling.min_p,
+                  "repetition_penalty": sampling.repetition_penalty, "stop": list(sampling.stop), "logprobs": 0,
+                  "seed": group.seed}
+        body = api.TokensRequest(token_ids=group.prompt_ids, sampling_params=params, model=self.model)
+        try:
+            answer = self.call("POST", api.TOKENS_PATH, body, answer=api.TokensAnswer, timeout=None)
+        except UserError as err:
+            if "HTTP 403" in err.what or "HTTP 404" in err.what:
+                raise UserError(f"the vLLM server at {self.url} does not serve {api.TOKENS_PATH}, which in-flight "
+                                "generation reads each token's weight version from", where="generation.pipeline",
+                                valid="a server started with --enable-scale-out, or generation.pipeline = \"sync\"",
+                                hint=f"{RESTART} --enable-scale-out") from None
+            raise
+        choices = sorted(answer.choices, key=lambda c: c.index)
+        ids = [c.token_ids or [] for c in choices]
+        return FinishedGroup(
+            serial=group.serial, prompt_ids=list(group.prompt_ids), completion_ids=ids,
+            truncated=[c.finish_reason == "length" for c in choices],
+            logprobs=[[e.logprob for e in (c.logprobs.content or [])] if c.logprobs else [float("nan")] * len(t)
+                      for c, t in zip(choices, ids)],
+            versions=[token_versions(c.weight_versions, len(t), default_version) for c, t in zip(choices, ids)])
+
+    def label_weights(self, version: int) -> None:
+        """What the server calls the weights it holds from now on (each token's version reports it)."""
+        self.call("POST", api.VERSION_LABEL_PATH, {"new_version": str(version)})
+
+    def abort_all(self) -> None:
+        with contextlib.suppress(UserError):
+            self.call("POST", api.ABORT_PATH, {}, timeout=min(self.timeout, 10.0))
+
+    def pause(self, mode: str = "keep") -> None:
+        """vLLM's /pause: "keep" freezes the requests in flight (their KV cache too) until /resume."""
+        self.call("POST", f"{api.PAUSE_PATH}?mode={mode}")
+
+    def resume(self) -> None:
+        self.call("POST", api.RESUME_PATH)
 
     # -- weights -------------------------------------------------------------------------
-    def update_weights(self, weights: PolicyWeights, *, check: bool, transport: str = "http",
+    def update_weights(self, weights: PolicyWeights, *, transport: str = "gloo",
                        max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
-        """Send every tensor in buckets; with check, the server first compares the full spec."""
-        uid = self.begin_update(weights, check=check, transport=transport)
+        """Send every tensor in buckets (one announced broadcast each); a failure closes the update."""
+        uid, sent = self.begin_update(transport), 0
         try:
             device = "cuda" if transport == "nccl" else "cpu"
             for bucket in buckets(weights.unique(), max_bytes):
-                self.send_bucket(uid, pack_bucket(bucket) if transport == "http" else flatten_bucket(bucket, device))
-            return self.end_update(uid)
+                self.send_bucket(uid, flatten_bucket(bucket, device))
+                sent += len(bucket)
+            return {**self.end_update(uid), "tensors": sent}  # the tensors sent (a tied lm_head is not)
         except BaseException:
             self.abort_update(uid)
             raise
 
-    def begin_update(self, weights: PolicyWeights, *, check: bool, transport: str) -> str:
-        """Open an update (joining the server's gloo/NCCL group first where needed); its id."""
-        if transport != "http" and self.group_backend != transport:
+    def begin_update(self, transport: str) -> str:
+        """Join the server's workers in a group (first time), then vLLM's /start_weight_update."""
+        if self.group is None:
             self.open_group(transport)
-        spec = [wire.Tensor.model_construct(**s.to_json()) for s in weights.specs()] if check else None
-        request = wire.BeginUpdate.model_construct(transport=transport, aliases=weights.aliases, timeout=self.timeout,
-                                                   spec=spec)
-        return self.call("POST", wire.BEGIN_PATH, request, answer=wire.UpdateBegun).update_id
-
-    def send_bucket(self, uid: str, payload: bytes | tuple[Any, list]) -> None:
-        """One bucket: pack_bucket's bytes over HTTP, or flatten_bucket's (flat, specs) over the group."""
-        if isinstance(payload, bytes):
-            self.call("POST", f"{wire.BUCKET_PATH}?update_id={uid}", payload)
-        else:
-            self._broadcast(uid, *payload)
-
-    def end_update(self, uid: str) -> dict[str, Any]:
-        return self.call("POST", wire.END_PATH, wire.EndUpdate.model_construct(update_id=uid))
-
-    def abort_update(self, uid: str) -> None:
-        """Leave the server free for the next update (best effort: it may be gone)."""
-        with contextlib.suppress(UserError):
-            self.call("POST", wire.ABORT_PATH, wire.EndUpdate.model_construct(update_id=uid), timeout=min(self.timeout, 10.0))
+        try:
+            self.call("POST", api.START_UPDATE_PATH)
+        except ServerUnavailable as err:  # an update left open (a trainer killed mid-sync): close it, start anew
+            if "already" not in err.what:
+                raise
+            self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": None})
+            self.call("POST", api.START_UPDATE_PATH)
+        self.versions += 1
+        return str(self.versions)
 
     def open_group(self, backend: str) -> None:
-        """Join the server's gloo/NCCL group as rank 0 (the sender of every bucket)."""
+        """Host the group's store as rank 0 while the server's workers join it (ranks 1..world)."""
         import torch.distributed as dist
 
         from grpocli.generation.weights import open_group
 
-        port = self.call("POST", wire.GROUP_PATH, wire.OpenGroup.model_construct(backend=backend, timeout=self.timeout),
-                         answer=wire.GroupOpened).port
+        world = 1 + int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
         server = urllib.parse.urlparse(self.url).hostname or "127.0.0.1"
-        try:
-            store = dist.TCPStore(server, port, 2, False, timedelta(seconds=self.timeout))
-            local = "127.0.0.1" if server in ("127.0.0.1", "localhost") else None
-            self.group = open_group(backend, store, 0, 2, self.timeout, hostname=local)
-        except Exception as exc:
-            raise UserError(f"cannot join the server's {backend} group at {server}:{port}: {exc}",
-                            where="GRPO_VLLM_WEIGHT_TRANSPORT", valid="http, or a port the server can be reached on",
-                            hint="export GRPO_VLLM_WEIGHT_TRANSPORT=http") from None
-        self.group_backend = backend
+        address = _address_towards(server)
+        store = dist.TCPStore(address, 0, world, True, timedelta(seconds=self.timeout), wait_for_workers=False)
+        init = {"master_address": address, "master_port": store.port, "world_size": world, "rank_offset": 1,
+                "timeout": self.timeout}
+        with ThreadPoolExecutor(1) as pool:
+            joined = pool.submit(self.call, "POST", api.INIT_TRANSFER_PATH, {"init_info": init})
+            try:
+                self.group = open_group(backend, store, 0, world, self.timeout,
+                                        hostname="127.0.0.1" if address == "127.0.0.1" else None)
+            except Exception as exc:
+                raise UserError(f"the vLLM server at {self.url} did not join the weight group at {address}:"
+                                f"{store.port}: {exc}", where="vllm.server_url",
+                                hint="the server must reach the trainer on that address") from None
+            joined.result()
+        self.store, self.group_backend = store, backend
 
-    def _broadcast(self, uid: str, flat: Any, specs: list) -> None:
-        """Announce a flat bucket over HTTP (grpo's /weights/broadcast) while broadcasting it."""
-        self.announced_broadcast(flat, "POST", wire.BROADCAST_PATH, wire.BroadcastBucket.model_construct(
-            update_id=uid, tensors=[wire.Tensor.model_construct(**s.to_json()) for s in specs]))
+    def send_bucket(self, uid: str, payload: Any) -> None:
+        """One flat bucket: announced by vLLM's /update_weights while it is broadcast."""
+        flat, specs = payload
+        info = {"names": [s.name for s in specs], "dtype_names": [s.dtype for s in specs],
+                "shapes": [list(s.shape) for s in specs]}
+        self.announced_broadcast(flat, "POST", api.UPDATE_PATH, {"update_info": info})
+
+    def end_update(self, uid: str) -> dict[str, Any]:
+        """vLLM's /finish_weight_update (labelled ``self.label`` when in flight, else the update's number), then
+        its prefix cache reset: cached prefixes hold the old weights' keys. Paused with requests kept, only
+        what they do not hold is reset, unless ``self.recompute`` (generation.inflight_kv_cache)."""
+        version = uid if self.label is None else str(self.label)
+        self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": version})
+        self.call("POST", api.RESET_PATH + ("?reset_running_requests=true" if self.recompute else ""))
+        return {"weights_version": version}
+
+    def abort_update(self, uid: str) -> None:
+        """Close the update (best effort): its layers keep what arrived; the next complete update repairs it."""
+        with contextlib.suppress(UserError):
+            self.call("POST", api.FINISH_UPDATE_PATH, {"weight_version": None}, timeout=min(self.timeout, 10.0))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
 
     def announced_broadcast(self, flat: Any, method: str, path: str, body: Any) -> None:
         """Call ``method path body`` (the announcement the server receives the bucket by) while broadcasting
@@ -216,4 +332,23 @@ class ServerClient:
             announced.result()
 
 
-__all__ = ["START_HINT", "ServerClient", "ServerUnavailable"]
+
+def _release(version: str) -> tuple[int, int]:
+    """'0.32.0' -> (0, 32); anything unreadable -> (0, 0)."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (127.0.0.1 for a server on this machine)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((socket.gethostbyname(host), 9))
+        return sock.getsockname()[0]
+
+
+__all__ = ["RESTART", "START_HINT", "TRANSPORTS", "ServerClient", "ServerUnavailable"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from grpocli.generation.base import Sampling
 from grpocli.generation.inflight import FinishedGroup, GroupRequest
-from grpocli.generation.stock_client import StockClient
+from grpocli.generation.server_client import ServerClient
 
 
 class ServerInflight:
@@ -29,7 +29,7 @@ class ServerInflight:
     to every server; ``version``: the policy version the servers hold now; ``kv_cache``:
     generation.inflight_kv_cache ("recompute": the requests kept recompute their KV cache after a sync)."""
 
-    def __init__(self, clients: Sequence[StockClient], *, send: Callable[[Any], None], version: int,
+    def __init__(self, clients: Sequence[ServerClient], *, send: Callable[[Any], None], version: int,
                  kv_cache: str = "keep", workers: int = 256) -> None:
         self.clients, self.send, self.version = list(clients), send, version
         for client in self.clients:
@@ -52,7 +52,7 @@ class ServerInflight:
                 self.running += 1
             self.pool.submit(self._run, client, group, sampling)
 
-    def _run(self, client: StockClient, group: GroupRequest, sampling: Sampling) -> None:
+    def _run(self, client: ServerClient, group: GroupRequest, sampling: Sampling) -> None:
         try:
             self.done.put(client.generate_group(group, sampling, default_version=self.version))
         except BaseException as exc:  # handed to the trainer by finished()

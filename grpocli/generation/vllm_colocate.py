@@ -137,7 +137,7 @@ class VllmEngine:
     ``device``: the CUDA device it runs on (default: this thread's current one where CUDA is
     available, else the CPU); ``parallel``: the training processes it is one of (a colocated
     engine: vLLM's external launcher on CUDA, see grpocli.generation.engine_options), None for an
-    engine alone in its process (`grpo vllm-serve`). ``enforce_eager`` None: on for a CPU, off on
+    engine alone in its process. ``enforce_eager`` None: on for a CPU, off on
     CUDA; ``max_num_batched_tokens`` None: 4096 on CUDA, vLLM's own on a CPU. ``where`` and
     ``length_where`` name the setting a UserError blames (the model; the context length).
     """

@@ -213,7 +213,7 @@ class GenerationSection(Section):
         "auto",
         description="'hf': transformers generate (TRL's default, use_vllm = false); 'paged': transformers' "
         "continuous batching (paged attention, each sequence leaves the batch at its own EOS; no "
-        "repetition_penalty); 'vllm': an engine in the training process; 'vllm-server': a `grpo vllm-serve` "
+        "repetition_penalty); 'vllm': an engine in the training process; 'vllm-server': a vLLM server (`grpo vllm-serve`) "
         f"process; 'auto': the fastest for the whole step, measured, of those installed: {AUTO_ORDER} (decided "
         "when the recipe loads; config.resolved.toml records which).",
         json_schema_extra=FREE_ON_RESUME,

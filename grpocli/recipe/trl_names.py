@@ -90,7 +90,8 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "vllm_group_port": (None, "the weight-transfer port is chosen per sync"),
     "vllm_gpu_memory_utilization": ("vllm.gpu_memory_utilization", ""),
     "vllm_max_model_length": ("vllm.max_model_len", ""),
-    "vllm_tensor_parallel_size": (None, "grpo vllm-serve: one engine per server"),
+    "vllm_tensor_parallel_size": (None, "the colocated engine runs one per process; tensor parallelism: "
+                                  "grpo vllm-serve --tensor-parallel-size N"),
     "vllm_importance_sampling_correction": ("vllm.importance_sampling_correction", ""),
     "vllm_importance_sampling_mode": ("vllm.importance_sampling_mode", "TRL's default sequence_mask; grpo's token_truncate"),
     "vllm_importance_sampling_clip_max": ("vllm.importance_sampling_clip_max", "TRL's default 3.0; grpo's 2.0"),

@@ -19,7 +19,7 @@ ImportanceSamplingMode = Literal[tuple(IMPORTANCE_SAMPLING_MODES)]
 class VllmSection(Section):
     server_url: str | list[str] = Field(
         "http://127.0.0.1:8000",
-        description="Where `grpo vllm-serve` listens: one URL, or several (a TOML array, or comma-separated "
+        description="Where the vLLM server (`grpo vllm-serve`) listens: one URL, or several (a TOML array, or comma-separated "
         "on the command line) for a fleet: prompts are spread over them by whole groups, weights go to all.",
         json_schema_extra=FREE_ON_RESUME,
     )

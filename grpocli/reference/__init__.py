@@ -9,6 +9,7 @@ mixing.py   ref = alpha * policy + (1 - alpha) * ref over each tensor once (tied
             in-process refresh and the server's use the same function
 host.py     the server's model on one thread: log-prob batches under a token budget, weight updates
             (mixes) that stream in bucket by bucket, timeouts, health
+worker.py   the one thread the host runs its model's jobs on, in order: deadlines, stuck detection, health
 app.py      the HTTP routes (FastAPI + uvicorn), the API key; run_server(), which the CLI calls
 client.py   the trainer's side: a slice's reference log-probs, a refresh, saving / restoring the weights
             for checkpoints; through grpocli.wire.client (the protocol: grpocli/wire/reference.py)

@@ -1,7 +1,7 @@
 """The reference model behind `grpo ref-serve`: one thread runs it; requests are batched; weights mix in.
 
 Every job (a log-prob request, a step of a weight update, a download) goes on the queue of one
-Worker (grpocli.server.worker), whose one thread runs them in order, so no forward pass ever sees
+Worker (grpocli.reference.worker), whose one thread runs them in order, so no forward pass ever sees
 half-mixed weights. The worker takes every job that is waiting at once: the sequences of all
 waiting log-prob requests (several training processes ask at the same time) are cut, in order,
 into forward passes of at most ``max_batch_tokens`` prompt + completion tokens (a longer sequence
@@ -42,7 +42,7 @@ from grpocli.generation.weights import (
     spec_problems,
 )
 from grpocli.reference.mixing import mix_tensor, reference_tensors
-from grpocli.server.worker import Job, Worker
+from grpocli.reference.worker import Job, Worker
 from grpocli.serving.access import ServerError
 from grpocli.wire.reference import KIND
 

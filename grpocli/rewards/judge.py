@@ -55,7 +55,7 @@ class JudgeArgs(Section):
     """The ``[[rewards]] args`` of ``judge``."""
 
     model: str = Field(min_length=1, description="The judge model's name as the endpoint serves it "
-                       "(`GET {base_url}/models` lists them; grpo vllm-serve answers any name).")
+                       "(`GET {base_url}/models` lists them; for grpo vllm-serve, its --model).")
     base_url: str | None = Field(None, description="The OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 "
                                  "(default: $OPENAI_BASE_URL, else OpenAI's API).")
     api_key_env: str = Field("OPENAI_API_KEY", min_length=1, description="The environment variable holding the "

@@ -1,7 +1,7 @@
 """Who may call a grpo server and what it hears back: the API key, errors as JSON, the port check.
 
-Shared by `grpo vllm-serve` (grpocli.server.app), `grpo ref-serve` (grpocli.reference.app) and
-`grpo reward-serve` (grpocli.reward_server.app). Light imports only (fastapi, no torch), so a reward
+Shared by `grpo ref-serve` (grpocli.reference.app), `grpo reward-serve` (grpocli.reward_server.app)
+and the middleware `grpo vllm-serve` adds to stock vLLM (grpocli.server.guard). Light imports only (fastapi, no torch), so a reward
 server starts in a second.
 
 Which routes need the key is declared once, by the ``key_check`` dependency on them (or on the whole

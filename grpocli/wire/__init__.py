@@ -8,12 +8,8 @@ needs no server package (fastapi, uvicorn).
 
 client.py      the HTTP client (httpx): base URL, API key, a deadline for the whole answer; Refused,
                Unavailable and BadAnswer, which each client words with its own hints
-generation.py  `grpo vllm-serve`'s own protocol: generate, weight updates (buckets, broadcasts, groups),
-               the checks every body gets (finite numbers, valid text, vLLM's seed range)
 reference.py   `grpo ref-serve`'s: reference log-probs, weights mixed in bucket by bucket, downloads
 rewards.py     `grpo reward-serve`'s: a batch scored by a served reward, its scores and logs
-vllm_api.py    stock vLLM's server (vLLM declares it): the requests grpo sends, the parts of answers it reads
-
-TRL's paths, which `grpo vllm-serve` also answers (vLLM's and TRL's protocol, not grpo's), keep their
-bodies in grpocli/server/trl.py, server/completions.py and server/transfer.py: no grpo client speaks them.
+vllm_api.py    vLLM's server (`grpo vllm-serve` runs stock `vllm serve`; vLLM declares the protocol): the
+               requests grpo sends, the parts of answers it reads
 """

@@ -6,7 +6,7 @@ answer model), the API key as ``Authorization: Bearer KEY``. Its failures are th
 for each client to word with its own server's name and hints:
 
     Refused      the server answered an HTTP error status: ``status``, ``detail`` (the server's
-                 FastAPI "detail" as text, else the status's reason phrase) and ``answer`` (the body
+                 FastAPI "detail" or vLLM's error message as text, else the status's reason phrase) and ``answer`` (the body
                  as JSON, None if it was none)
     Unavailable  no answer: the connection refused, reset or cut short, or the time up (``timed_out``)
     BadAnswer    an answer that breaks the protocol: not JSON, or not the answer model (``field``, ``what``)
@@ -178,12 +178,15 @@ def read_answer(model: type[Answer], content: bytes | Any) -> Answer:
 
 
 def refusal(method: str, path: str, status: int, phrase: str, data: bytes) -> Refused:
-    """Refused for an error status, with the server's "detail" as text (else the reason phrase)."""
+    """Refused for an error status, with the server's "detail" (FastAPI's) or "error"."message" (vLLM's)
+    as text, else the reason phrase."""
     try:
         answer = json.loads(data or b"null")
     except ValueError:
         answer = None
     detail = answer.get("detail") if isinstance(answer, dict) else None
+    if detail is None and isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        detail = answer["error"].get("message")
     if detail is not None and not isinstance(detail, str):
         detail = json.dumps(detail)
     return Refused(method, path, status, detail or phrase, answer)

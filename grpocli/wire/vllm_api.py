@@ -1,7 +1,7 @@
 """What grpo sends to and reads from stock vLLM's server (vLLM 0.32's OpenAI API and RL API), as pydantic
 models: the requests grpo builds and the parts of the answers it reads (anything else in them is
 ignored). vLLM declares the whole protocol; these models are grpo's checked view of it, used by
-grpocli.generation.stock_client.
+grpocli.generation.server_client.
 
     GET  /health, /version                      {"version": "0.32.0"}
     GET  /server_info?config_format=json        {"vllm_config": {...}} (VLLM_SERVER_DEV_MODE=1 only)
@@ -23,6 +23,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Where grpo train reads the server's API key from (an environment variable: never in config.resolved.toml).
+KEY_ENV = "GRPO_VLLM_API_KEY"
+HEALTH_PATH = "/health"
+#: What `grpo vllm-serve`'s /health says (503) while an update is open (grpocli.server.guard).
+INCOMPLETE = "the weights are not one complete version"
 VERSION_PATH, SERVER_INFO_PATH, WORLD_SIZE_PATH = "/version", "/server_info?config_format=json", "/get_world_size"
 COMPLETIONS_PATH, TOKENS_PATH = "/v1/completions", "/inference/v1/generate"
 VERSION_LABEL_PATH, ABORT_PATH = "/update_weight_version", "/abort_requests"
@@ -128,8 +133,8 @@ class ServerInfo(Loose):
 
 
 __all__ = [
-    "ABORT_PATH", "COMPLETIONS_PATH", "FINISH_UPDATE_PATH", "TOKENS_PATH", "VERSION_LABEL_PATH", "INIT_TRANSFER_PATH", "PAUSE_PATH", "PROCESSED", "RESET_PATH",
-    "RESUME_PATH", "RL_API_SINCE", "SERVER_INFO_PATH", "START_UPDATE_PATH", "UPDATE_PATH", "VERSION_PATH",
-    "WORLD_SIZE_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "ServerInfo", "TokensAnswer",
-    "TokensRequest",
+    "ABORT_PATH", "COMPLETIONS_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "FINISH_UPDATE_PATH",
+    "HEALTH_PATH", "INCOMPLETE", "INIT_TRANSFER_PATH", "KEY_ENV", "PAUSE_PATH", "PROCESSED", "RESET_PATH", "RESUME_PATH",
+    "RL_API_SINCE", "SERVER_INFO_PATH", "START_UPDATE_PATH", "ServerInfo", "TOKENS_PATH", "TokensAnswer",
+    "TokensRequest", "UPDATE_PATH", "VERSION_LABEL_PATH", "VERSION_PATH", "WORLD_SIZE_PATH",
 ]

@@ -115,7 +115,7 @@ def free_port():
 
 def http_call(method: str, url: str, body=None, *, key: str | None = None, data: bytes | None = None,
               timeout: float = 60.0):
-    """(status, parsed JSON) of one real HTTP request; errors are answers too."""
+    """(status, parsed JSON, None for an empty body) of one real HTTP request; errors are answers too."""
     import json
     import urllib.error
     import urllib.request
@@ -124,11 +124,11 @@ def http_call(method: str, url: str, body=None, *, key: str | None = None, data:
     if body is not None:
         data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
     if key:
-        headers["X-API-Key"] = key
+        headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
+            return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
 

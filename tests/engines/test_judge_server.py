@@ -34,14 +34,14 @@ def proxy(vllm_server):
 
 
 @pytest.fixture
-def judged(proxy, monkeypatch):
+def judged(proxy, vllm_server, monkeypatch):
     """judge(args) -> (scores, log, requests that reached the server), on a fresh reply cache."""
     monkeypatch.setenv("GRPO_TEST_JUDGE_KEY", API_KEY)
     monkeypatch.setattr(judge_module, "_judges", {})
 
     def run(**args):
         log, before = RewardLog(), len(proxy.paths)
-        args = {"base_url": proxy.url + "/v1", "model": "tiny", "api_key_env": "GRPO_TEST_JUDGE_KEY",
+        args = {"base_url": proxy.url + "/v1", "model": vllm_server.model_dir, "api_key_env": "GRPO_TEST_JUDGE_KEY",
                 "max_tokens": 12, "concurrency": 4, **args}
         scores = judge_module.judge(PROMPTS, COMPLETIONS, answer=["5", "42", "red", "5"],
                                     log_metric=log.log_metric, log_extra=log.log_extra, **args)
@@ -92,7 +92,7 @@ def test_a_request_the_server_refuses_is_a_user_error(judged) -> None:
 def test_grpo_train_with_the_judge_reward(vllm_server, grpo, tmp_path) -> None:
     out = tmp_path / "run"
     # The tiny tokenizer spells a character a token: "Score: N" takes 8 of max_tokens.
-    args = (f'{{base_url="{vllm_server.url}/v1", model="tiny", api_key_env="GRPO_TEST_JUDGE_KEY", max_tokens=10, '
+    args = (f'{{base_url="{vllm_server.url}/v1", model="{vllm_server.model_dir}", api_key_env="GRPO_TEST_JUDGE_KEY", max_tokens=10, '
             'extra_body={structured_outputs={regex="Score: [0-9]"}}}')
     done = grpo("train", "quickstart", *FAST, f'rewards=[{{name="judge", args={args}}}]', "train.torch_threads=1",
                 f"train.output_dir={out}", env={"GRPO_TEST_JUDGE_KEY": API_KEY}, timeout=240)

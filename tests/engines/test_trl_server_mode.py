@@ -1,4 +1,5 @@
-"""TRL's own VLLMClient and GRPOTrainer (TRL 1.16, ``vllm_mode="server"``) against `grpo vllm-serve`.
+"""TRL's own VLLMClient and GRPOTrainer (TRL 1.16, ``vllm_mode="server"``) against `grpo vllm-serve` (stock
+`vllm serve`, the command TRL's own `trl vllm-serve` runs, with the grpo_gloo weight-transfer engine on a CPU).
 
 A real server process without an API key (TRL's client sends none), real HTTP, the tiny model.
 
@@ -9,8 +10,8 @@ What TRL's client can do where:
   close_communicator): TRL 1.16's client sends weights over NCCL only. Its init_communicator raises
   NotImplementedError for a non-CUDA device, and its sender (vLLM's packed_nccl_broadcast_producer)
   runs on CUDA streams. On CPU these tests replace exactly those two steps with gloo
-  (``GlooVLLMClient`` and ``gloo_packed_producer`` below; the server takes init_info
-  "backend": "gloo"); everything else is TRL's code: the HTTP calls and their order, the tensor
+  (``GlooVLLMClient`` and ``gloo_packed_producer`` below; the server's grpo_gloo engine takes
+  TRL's packed chunks); everything else is TRL's code: the HTTP calls and their order, the tensor
   metadata, vLLM's packing (pack_tensors), start/update/finish, close_communicator, and
   GRPOTrainer's own weight sync. The unmodified NCCL path needs two CUDA GPUs (trainer and server
   on distinct devices); that test skips here with that reason.
@@ -65,8 +66,7 @@ class GlooVLLMClient(trl_client.VLLMClient):
         world_size = self.get_world_size() + 1
         address = get_ip()
         init_info = {"master_address": address, "master_port": self.group_port, "rank_offset": 1,
-                     "world_size": world_size, "packed": True, "packed_buffer_size_bytes": self.buffer_bytes,
-                     "backend": "gloo"}
+                     "world_size": world_size, "packed": True, "packed_buffer_size_bytes": self.buffer_bytes}
         with ThreadPoolExecutor(max_workers=1) as executor:
             future = executor.submit(self._post, f"{self.base_url}/init_weight_transfer_engine",
                                      json={"init_info": init_info})
@@ -112,9 +112,9 @@ def keyless_server(tiny_dir, tmp_path_factory):
 
 
 def test_trl_flag_spelling_takes_effect(keyless_server, http):
-    info = http("GET", keyless_server.url + "/info")[1]
-    assert info["max_model_len"] == 192  # --max_model_len 192 (the helper's own --max-model-len 256 came first)
-    assert info["prefix_caching"] is True and info["kv_cache_dtype"] == "auto"
+    config = http("GET", keyless_server.url + "/server_info?config_format=json")[1]["vllm_config"]
+    assert config["model_config"]["max_model_len"] == 192  # --max_model_len 192 (the helper's --max-model-len 256 came first)
+    assert config["cache_config"]["enable_prefix_caching"] is True and config["cache_config"]["cache_dtype"] == "auto"
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def _greedy(client, n_tokens: int = 10) -> list[list[int]]:
 # -- generation ------------------------------------------------------------------------------------
 def test_server_info_names_a_weight_transfer_engine(client):
     info = client.get_server_info()
-    assert info["weight_transfer_config"] == {"backend": "nccl" if torch.cuda.is_available() else "gloo"}
+    assert info["weight_transfer_config"]["backend"] == ("nccl" if torch.cuda.is_available() else "grpo_gloo")
     assert info["model_config"]["logprobs_mode"] == "processed_logprobs"  # what GRPOTrainer checks
     assert client.get_world_size() == 1
 
@@ -191,31 +191,25 @@ def test_structured_outputs_regex_constrains_the_output(client):
     assert all(tok.decode(ids, skip_special_tokens=True) in ("yes", "no") for ids in chat["completion_ids"])
 
 
-def test_generation_kwargs_reach_vllm_and_unknown_fields_are_refused(client):
+def test_generation_kwargs_reach_vllm(client):
+    """A vLLM sampling field in generation_kwargs takes effect. (vLLM ignores a field it does not know,
+    with a warning in its log: grpo's own server refused it, stock vLLM does not.)"""
     out = client.generate(["12+7="], n=2, max_tokens=5, generation_kwargs={"logit_bias": {"40": 100.0}})
     assert out["completion_ids"] == [[40] * 5] * 2
-    with pytest.raises(Exception, match=r"400.*not_a_vllm_field"):
-        client.generate(["12+7="], max_tokens=2, generation_kwargs={"not_a_vllm_field": 1})
 
 
 # -- weight sync -------------------------------------------------------------------------------------
-def test_weight_transfer_misuse_is_a_4xx_with_a_reason(keyless_server, http):
+def test_weight_transfer_misuse_is_an_error_with_a_reason(keyless_server, http):
+    """vLLM's own answers: weights before /start_weight_update, an update_info whose lists disagree (the
+    grpo_gloo engine's check); generation goes on."""
     url = keyless_server.url
-    assert http("POST", url + "/shutdown_weight_transfer_engine", {})[0] == 200
-    status, answer = http("POST", url + "/start_weight_update", {})
-    assert status == 409 and "init_communicator" in answer["detail"]
-    status, answer = http("POST", url + "/finish_weight_update", {})
-    assert status == 409 and "without a matching start_weight_update" in answer["detail"]
-    info = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 3}
-    status, answer = http("POST", url + "/init_weight_transfer_engine", {"init_info": info})
-    assert status == 400 and "world_size must be 2" in answer["detail"]
-    if not torch.cuda.is_available():
-        status, answer = http("POST", url + "/init_weight_transfer_engine", {"init_info": {**info, "world_size": 2}})
-        assert status == 400 and "no CUDA device" in answer["detail"]
     bad = {"names": ["a"], "dtype_names": [], "shapes": []}
     status, answer = http("POST", url + "/update_weights", {"update_info": bad})
-    assert status == 422 and "differ in length" in str(answer["detail"])
-    assert http("POST", url + "/v1/completions", {"prompt": [[5]], "max_tokens": 2})[0] == 200
+    assert status == 500 and "start_weight_update must be called before update_weights" in str(answer), answer
+    info = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "timeout": 2}
+    status, answer = http("POST", url + "/init_weight_transfer_engine", {"init_info": info})
+    assert status == 500 and "(127.0.0.1, 1)" in str(answer), answer
+    assert http("POST", url + "/v1/completions", {"prompt": [5], "max_tokens": 2})[0] == 200
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, TRL's client takes the NCCL path")
@@ -234,10 +228,8 @@ def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_sha
     client.init_communicator(device="cpu")
     try:
         model = _tiny(1, tiny_shape)
-        version = http("GET", keyless_server.url + "/info")[1]["weights_version"]
         client.update_model_params(model)
         client.reset_prefix_cache()
-        assert http("GET", keyless_server.url + "/info")[1]["weights_version"] == version + 1
         assert _greedy(client) == greedy_reference(model, PROMPT_IDS, 10)
 
         other = _tiny(2, tiny_shape)  # whole layers of another model, one tensor per call
@@ -257,17 +249,7 @@ def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_sha
             model.model.embed_tokens.weight.copy_(embed)
         assert _greedy(client) == greedy_reference(model, PROMPT_IDS, 10)
 
-        with pytest.raises(Exception, match=r"400.*shape \[64, 96\], the engine's is \[64, 128\]"):
-            client.update_named_param("model.layers.0.mlp.down_proj.weight", torch.zeros(64, 96))
-        assert _greedy(client) == greedy_reference(model, PROMPT_IDS, 10)  # refused before anything loaded
-
-        down = model.model.layers[0].mlp.down_proj.weight.data
-        with pytest.raises(Exception, match="Request failed"), client.weight_update():  # fails half-way
-            client.update_named_param("model.layers.0.mlp.down_proj.weight", down)
-            client.update_named_param("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))
-        status, answer = http("POST", keyless_server.url + "/v1/completions", {"prompt": [[5]], "max_tokens": 2})
-        assert status == 409 and "weights are incomplete" in answer["detail"]
-        client.update_model_params(model.to(torch.bfloat16))  # repairs; cast to the engine's float32 on arrival
+        client.update_model_params(model.to(torch.bfloat16))  # cast to the engine's float32 on arrival
         model.float()  # the same rounded values, as the engine holds them
         assert _greedy(client) == greedy_reference(model, PROMPT_IDS, 10)
     finally:
@@ -312,14 +294,12 @@ def test_grpo_trainer_server_mode_trains_two_steps(transport, request, server_fa
         vllm_server_timeout=30, vllm_group_port=free_port(),
     )
     dataset = Dataset.from_dict({"prompt": ["12+7=", "3*4=", "9-5=", "2+2=", "8/2=", "1+1="]})
-    version = http("GET", server.url + "/info")[1]["weights_version"]
     trainer = GRPOTrainer(model=model, reward_funcs=[digits], args=config, train_dataset=dataset,
                           processing_class=tok)
     client = trainer.vllm_generation.vllm_client
     try:
         trainer.train()
         assert trainer.state.global_step == 2
-        assert http("GET", server.url + "/info")[1]["weights_version"] == version + 2  # before each generation
         # TRL's own check that the server sampled from the trainer's weights: its log-probs of the
         # sampled tokens against the trainer's, at both steps (0.89 at step 2 when the sync is skipped)
         steps = [log for log in trainer.state.log_history if "sampling/sampling_logp_difference/max" in log]

@@ -48,10 +48,10 @@ def test_eval_with_colocated_vllm(tmp_path, monkeypatch, tiny_shape):
 
 def test_eval_with_vllm_server(tmp_path, monkeypatch, tiny_shape, vllm_server, http):
     monkeypatch.setenv("GRPO_VLLM_API_KEY", vllm_server.key)
-    _, before = http("GET", vllm_server.url + "/info")
+    http("POST", vllm_server.url + "/update_weight_version", {"new_version": "before-eval"}, key=vllm_server.key)
     summary, samples, used = _eval(tmp_path, monkeypatch, tiny_shape, "generation.backend='vllm-server'",
                                    f"vllm.server_url='{vllm_server.url}'", "vllm.server_timeout=60")
-    _, after = http("GET", vllm_server.url + "/info")
+    _, after = http("GET", vllm_server.url + "/weight_info")
     assert used == ["vllm-server"]
-    assert after["weights_version"] == before["weights_version"] + 1  # the evaluated model's weights were sent
+    assert after["weight_version"] == "1"  # the evaluated model's weights were sent: the eval client's first update
     _check(summary, samples)

@@ -58,7 +58,7 @@ def test_each_colocated_engine_sits_on_its_own_processes_gpu(tmp_path):
 
 def test_weights_go_over_nccl_to_a_server_on_the_other_gpu(tiny_dir, tiny_shape, tmp_path, monkeypatch,
                                                           reference_logprobs):
-    """The default transport is nccl (the server reports another GPU); the first sync and a later one
+    """A server with a GPU takes weights over NCCL (vLLM's own engine); the first sync and a later one
     reach the float32 server, whose log-probs then follow each policy."""
     monkeypatch.delenv("GRPO_VLLM_WEIGHT_TRANSPORT", raising=False)
     sample = Sampling(max_tokens=8, temperature=1.0)

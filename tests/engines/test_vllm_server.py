@@ -1,8 +1,9 @@
-"""`grpo vllm-serve`: a real server process on 127.0.0.1, real HTTP, a real engine on the tiny model.
+"""`grpo vllm-serve`: stock `vllm serve` started with what training needs, a real process on 127.0.0.1,
+real HTTP, a real engine on the tiny model.
 
-The server (one for the session, see conftest.py) runs with --api-key; the weight tests send
-tiny models of other seeds (same shapes, other weights) and compare the server's greedy
-completions with transformers' on those weights.
+The server (one for the session, see conftest.py) runs with --api-key; the weight tests send tiny
+models of other seeds (same shapes, other weights) through vLLM's weight-transfer API into the
+grpo_gloo engine and compare the server's greedy completions with transformers' on those weights.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from grpocli.generation.weights import policy_weights  # noqa: E402
 
 PROMPT_IDS = [[26, 27, 20, 32, 38], [1, 94, 92, 78, 91, 8], [60, 57, 64, 64, 67]]
 GREEDY = Sampling(max_tokens=10, temperature=0.0)
+#: Every route that changes something; stock vLLM's --api-key guards only /v1, /v2, /inference, /cohere.
+RL_ROUTES = ["/pause", "/resume", "/reset_prefix_cache", "/init_weight_transfer_engine", "/start_weight_update",
+             "/update_weights", "/finish_weight_update", "/update_weight_version", "/abort_requests"]
 
 
 def _model(seed: int, tiny_shape: dict, **changes):
@@ -44,113 +48,82 @@ def _model(seed: int, tiny_shape: dict, **changes):
 
 @pytest.fixture(scope="module")
 def client(vllm_server):
-    return ServerClient(vllm_server.url, timeout=60, api_key=vllm_server.key)
+    c = ServerClient(vllm_server.url, timeout=60, api_key=vllm_server.key)
+    c.wait_until_ready()
+    yield c
+    c.close()
 
 
 def _load(client, model, **kwargs):
     with policy_weights(model, torch.float32) as weights:
-        return client.update_weights(weights, check=True, **kwargs)
+        return client.update_weights(weights, **kwargs)
 
 
-def test_health_and_info(vllm_server, http, tiny_dir):
-    assert http("GET", vllm_server.url + "/health") == (200, {"status": "ok"})
-    status, info = http("GET", vllm_server.url + "/info")
+def test_the_server_is_stock_vllm_with_what_training_needs(vllm_server, http, client, tiny_dir):
+    """The printed command, and what vLLM's own /server_info says it runs with."""
+    log = vllm_server.tail(1_000_000)
+    assert "grpo vllm-serve runs: VLLM_SERVER_DEV_MODE=1" in log and f"vllm serve {tiny_dir}" in log
+    assert http("GET", vllm_server.url + "/health")[0] == 200
+    status, info = http("GET", vllm_server.url + "/server_info?config_format=json")
     assert status == 200
-    assert info["protocol"] == 1 and info["model"] == str(tiny_dir) and info["max_model_len"] == 256
-    assert info["world_size"] == 1 and info["dtype"] == "float32" and "http" in info["transports"]
+    config = info["vllm_config"]
+    assert config["weight_transfer_config"]["backend"] == "grpo_gloo"  # no GPU here
+    assert config["model_config"]["logprobs_mode"] == "processed_logprobs"
+    assert config["model_config"]["max_model_len"] == 256
+    ready = client.wait_until_ready()
+    assert ready["transports"] == ["gloo"] and ready["dtype"] == "float32"
 
 
-def test_generate_from_strings_or_ids(vllm_server, http):
-    url = vllm_server.url + "/generate"
-    status, by_text = http("POST", url, {"prompts": ["12+7="], "n": 3, "max_tokens": 6, "seed": 5})
-    assert status == 200, by_text
-    status, by_ids = http("POST", url, {"prompt_ids": by_text["prompt_ids"], "n": 3, "max_tokens": 6, "seed": 5})
-    assert by_text["prompt_ids"] == [[26, 27, 20, 32, 38]]
-    assert len(by_ids["completion_ids"]) == 3 and by_ids["completion_ids"] == by_text["completion_ids"]
-    for ids, logp, trunc in zip(by_ids["completion_ids"], by_ids["logprobs"], by_ids["truncated"]):
-        assert len(logp) == len(ids) and all(x < 0 for x in logp)
-        assert trunc == (len(ids) == 6 and ids[-1] not in (0, 2))
+def test_generate_from_ids_with_a_seed_per_prompt(client):
+    sampling = Sampling(max_tokens=6, temperature=1.0)
+    one = client.generate(PROMPT_IDS, 3, sampling, seed=[5, 6, 7])
+    again = client.generate(PROMPT_IDS, 3, sampling, seed=[5, 6, 7])
+    assert one.prompt_ids == PROMPT_IDS and len(one.completion_ids) == 9
+    assert one.completion_ids == again.completion_ids  # one seed, one output
+    for ids, logp, trunc in zip(one.completion_ids, one.logprobs, one.truncated):
+        assert len(logp) == len(ids) and all(x <= 0 for x in logp)
+        assert trunc == (len(ids) == 6)
 
 
-@pytest.mark.parametrize(("body", "status", "reason"), [
-    ({"prompts": ["a"], "prompt_ids": [[5]]}, 422, "exactly one of"),
-    ({"prompt_ids": [[5, 100000]]}, 400, "out of vocabulary"),
-    ({"prompt_ids": [[5]], "n": 0}, 422, "greater than or equal to 1"),
-    ({"prompt_ids": []}, 422, "no prompts"),
-    ({"prompt_ids": [[5]], "temperature": "hot"}, 422, "valid number"),
-    ({"prompts": ["a"], "unknown_field": 1}, 422, "Extra inputs"),
-])
-def test_malformed_generate_is_a_4xx_and_the_server_stays_up(vllm_server, http, body, status, reason):
-    got, answer = http("POST", vllm_server.url + "/generate", body)
-    assert got == status and reason in str(answer["detail"]), answer
-    assert http("POST", vllm_server.url + "/generate", {"prompt_ids": [[5, 6]], "max_tokens": 2})[0] == 200
-
-
-def test_malformed_weight_requests(vllm_server, http, client, tiny_shape):
+def test_the_api_key_guards_the_rl_api_too(vllm_server, http):
+    """Without the key (or with a wrong one) every route that changes something is a 401 before its body
+    is read, vLLM's RL API too; reading (health, version) needs none."""
     url, key = vllm_server.url, vllm_server.key
-    assert http("POST", url + "/weights/bucket?update_id=nope", data=b"junk", key=key)[0] == 409
-    status, begin = http("POST", url + "/weights/begin", {"transport": "http"}, key=key)
-    assert status == 200, begin
-    status, answer = http("POST", url + f"/weights/bucket?update_id={begin['update_id']}", data=b"junk", key=key)
-    assert status == 400 and "not a safetensors file" in answer["detail"]
-    status, answer = http("POST", url + "/weights/abort", {"update_id": begin["update_id"]}, key=key)
-    assert status == 200 and answer["aborted"]
-    status, answer = http("POST", url + "/generate", {"prompt_ids": [[5]]})  # weights incomplete now
-    assert status == 409 and "send a complete weight update" in answer["detail"]
-    assert http("GET", url + "/health")[0] == 200
-    _load(client, _model(0, tiny_shape))  # a complete update repairs
-    assert http("POST", url + "/generate", {"prompt_ids": [[5]]})[0] == 200
+    for path in [*RL_ROUTES, "/v1/completions", "/inference/v1/generate"]:
+        status, answer = http("POST", url + path, {})
+        assert status == 401, (path, answer)
+        assert http("POST", url + path, {}, key="wrong")[0] == 401, path
+    assert http("POST", url + "/reset_prefix_cache", {}, key=key)[0] == 200
+    assert http("GET", url + "/health")[0] == 200 and http("GET", url + "/version")[0] == 200
 
 
-def test_api_key_guards_every_state_change(vllm_server, http):
-    url, key = vllm_server.url, vllm_server.key
-    for path, body in [("/reset_prefix_cache", {}), ("/weights/begin", {}), ("/weights/end", {"update_id": "x"}),
-                       ("/weights/group", {}), ("/close", {})]:
-        status, answer = http("POST", url + path, body)
-        assert status == 401 and "API key" in answer["detail"], path
-        assert http("POST", url + path, body, key="wrong")[0] == 401
-    assert http("POST", url + "/reset_prefix_cache", {}, key=key) == (200, {"reset": True})
-    assert http("GET", url + "/info")[0] == 200  # reading needs no key
-
-
-def test_bucketed_update_makes_the_server_decode_like_transformers(client, tiny_shape, greedy_reference):
+def test_an_update_makes_the_server_decode_like_transformers(client, tiny_shape, greedy_reference):
     model = _model(1, tiny_shape)
     before = client.generate(PROMPT_IDS, 1, GREEDY).completion_ids
-    version = client.call("GET", "/info")["weights_version"]
     result = _load(client, model, max_bytes=64 * 1024)  # ~440 KB of weights -> several buckets
-    assert result["tensors"] == len(model.state_dict())  # tied lm_head sent too
-    assert client.call("GET", "/info")["weights_version"] == version + 1
+    with policy_weights(model, torch.float32) as weights:
+        assert result["tensors"] == len(list(weights.unique()))  # the tied lm_head follows the embedding
     after = client.generate(PROMPT_IDS, 1, GREEDY).completion_ids
     assert after == greedy_reference(model, PROMPT_IDS, GREEDY.max_tokens)
     assert after != before
 
 
-def test_gloo_transport_gives_the_same_weights(client, tiny_shape, greedy_reference):
-    model = _model(2, tiny_shape)
-    _load(client, model, transport="gloo", max_bytes=128 * 1024)
-    assert client.generate(PROMPT_IDS, 1, GREEDY).completion_ids == greedy_reference(model, PROMPT_IDS, 10)
-
-
-def test_first_update_checks_names_shapes_and_dtypes(client, tiny_shape):
-    before = client.generate(PROMPT_IDS, 1, GREEDY).completion_ids
-    with pytest.raises(UserError) as err:
-        _load(client, _model(3, tiny_shape, intermediate_size=96))
-    assert "mlp.down_proj.weight: shape [64, 96], the engine's is [64, 128]" in str(err.value)
-    with pytest.raises(UserError) as err, policy_weights(_model(3, tiny_shape), torch.bfloat16) as weights:
-        client.update_weights(weights, check=True)
-    assert "dtype bfloat16, the engine's is float32" in str(err.value)
-    assert client.generate(PROMPT_IDS, 1, GREEDY).completion_ids == before  # refused before any change
-
-
-def test_a_stalled_update_times_out_and_a_full_one_repairs(vllm_server, http, client, tiny_shape, greedy_reference):
+def test_an_update_cut_short_is_reported_until_a_complete_one(vllm_server, http, client, tiny_shape,
+                                                             greedy_reference):
+    """A trainer that dies between /start_weight_update and /finish_weight_update: /health answers 503 and
+    generation is refused (503) rather than sampled from half-updated weights; the next update repairs."""
     url, key = vllm_server.url, vllm_server.key
-    status, begin = http("POST", url + "/weights/begin", {"timeout": 1.0}, key=key)
-    assert status == 200
-    time.sleep(1.5)  # no bucket comes: the engine side gives up after 1 s
-    status, answer = http("POST", url + "/generate", {"prompt_ids": [[5]]})
-    assert status == 409 and "no bucket arrived within 1 s" in answer["detail"]
+    assert http("POST", url + "/start_weight_update", {}, key=key)[0] == 200
+    status, answer = http("GET", url + "/health")
+    assert status == 503 and answer["status"] == "weights_incomplete", answer
+    status, answer = http("POST", url + "/v1/completions", {"model": client.model, "prompt": [5], "max_tokens": 2},
+                          key=key)
+    assert status == 503 and "not one complete version" in answer["detail"], answer
+    with pytest.raises(UserError, match="not one complete version"):
+        client.generate(PROMPT_IDS, 1, GREEDY)
     model = _model(4, tiny_shape)
     _load(client, model)
+    assert http("GET", url + "/health")[0] == 200
     assert client.generate(PROMPT_IDS, 1, GREEDY).completion_ids == greedy_reference(model, PROMPT_IDS, 10)
 
 
@@ -159,21 +132,23 @@ def test_client_waits_are_bounded():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(UserError, match="no grpo vllm-serve answers at"):
-        ServerClient(f"http://127.0.0.1:{port}", timeout=1).call("GET", "/info")
+    with pytest.raises(UserError, match="no vLLM server answers at"):
+        ServerClient(f"http://127.0.0.1:{port}", timeout=1).call("GET", "/version")
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen()
     accepted = []
     threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
     t0 = time.monotonic()
-    with pytest.raises(UserError, match="did not answer POST /generate within 1 s"):
-        ServerClient(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1).generate([[5]], 1, GREEDY)
+    client = ServerClient(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1)
+    with pytest.raises(UserError, match="did not answer POST /v1/completions within 1 s"):
+        client.generate([[5]], 1, GREEDY)
     assert time.monotonic() - t0 < 5
+    client.close()
     silent.close()
 
 
-def test_training_uses_the_server(vllm_server, tiny_shape, tmp_path, monkeypatch, greedy_reference):
+def test_training_uses_the_server(vllm_server, http, tiny_shape, tmp_path, monkeypatch, greedy_reference):
     """generation.backend = "vllm-server": real steps; afterwards the server holds the trained weights."""
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import Loop
@@ -189,25 +164,10 @@ def test_training_uses_the_server(vllm_server, tiny_shape, tmp_path, monkeypatch
     ]
     s = Session.open(load_recipe(None, overrides))
     try:
-        start = s.backend.client.call("GET", "/info")["weights_version"]
         Loop(s).run()
-        assert s.backend.client.call("GET", "/info")["weights_version"] == start + 2  # one per cycle
-        model = s.policy
+        # at the start and once per cycle: vLLM's label of the weights it holds is the run's third update
+        assert http("GET", vllm_server.url + "/weight_info")[1]["weight_version"] == "3"
         got = s.backend.client.generate(PROMPT_IDS, 1, GREEDY).completion_ids
-        assert got == greedy_reference(model, PROMPT_IDS, GREEDY.max_tokens)
+        assert got == greedy_reference(s.policy, PROMPT_IDS, GREEDY.max_tokens)
     finally:
         s.close()
-
-
-def test_trl_vllm_client_generates(vllm_server):
-    """TRL's own VLLMClient, pointed at grpo vllm-serve (runs when TRL is installed)."""
-    vllm_client = pytest.importorskip("trl.generation.vllm_client", reason="TRL is not installed (pip install trl)")
-    trl = vllm_client.VLLMClient(base_url=vllm_server.url, connection_timeout=10)
-    assert trl.get_world_size() == 1
-    out = trl.generate(["12+7=", "hello"], n=2, max_tokens=5, temperature=1.0)
-    assert out["prompt_ids"][0] == [26, 27, 20, 32, 38] and len(out["completion_ids"]) == 4
-    assert all(len(lp) == len(ids) for lp, ids in zip(out["logprobs"], out["completion_ids"]))
-    chat = trl.chat([[{"role": "user", "content": "hi"}]], max_tokens=3)
-    assert len(chat["completion_ids"]) == 1 and chat["prompt_ids"][0][0] == 1  # <|im_start|>
-    with pytest.raises(Exception, match="401"):  # state changes need the key, which TRL's client does not send
-        trl.reset_prefix_cache()

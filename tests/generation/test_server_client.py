@@ -44,19 +44,22 @@ def _generate(url: str):
 
 
 def test_an_answer_is_read_through_its_model(canned):
-    canned.reply = (200, (b'{"prompt_ids": [[5, 6]], "completion_ids": [[1], [2, 3]], "truncated": [false, true], '
-                          b'"logprobs": [[-0.5], [-1.0, -2.0]], "weights_version": 3}'))
+    canned.reply = (200, (b'{"choices": [{"index": 1, "token_ids": [2, 3], "finish_reason": "length", "logprobs": '
+                          b'{"token_logprobs": [-1.0, -2.0]}}, {"index": 0, "token_ids": [1], "finish_reason": "stop", '
+                          b'"logprobs": {"token_logprobs": [-0.5]}}], "usage": {}}'))
     out = _generate(canned.url)
     assert out.completion_ids == [[1], [2, 3]] and out.truncated == [False, True] and out.logprobs[1] == [-1.0, -2.0]
 
 
 @pytest.mark.parametrize(("status", "body", "kind", "needles"), [
     (401, b'{"detail": "this endpoint needs the server\'s API key"}', UserError,
-     ["refused /generate: HTTP 401: this endpoint needs", "export GRPO_VLLM_API_KEY="]),
-    (409, b'{"detail": "the weights are incomplete"}', UserError, ["HTTP 409: the weights are incomplete"]),
-    (503, b'{"detail": "the engine is stuck"}', ServerUnavailable, ["HTTP 503: the engine is stuck"]),
-    (200, b'{"prompt_ids": [[5, 6]], "completion_ids": "none"}', UserError,
-     ["answered POST /generate outside its protocol", "completion_ids of the answer"]),
+     ["refused /v1/completions: HTTP 401: this endpoint needs", "export GRPO_VLLM_API_KEY="]),
+    (400, b'{"error": {"message": "n must be at least 1", "code": 400}}', UserError,  # vLLM's own error shape
+     ["HTTP 400: n must be at least 1"]),
+    (503, b'{"detail": "the weights are not one complete version: ..."}', ServerUnavailable,
+     ["HTTP 503: the weights are not one complete version", "the next complete one repairs them"]),
+    (200, b'{"choices": "none"}', UserError,
+     ["answered POST /v1/completions outside its protocol", "choices of the answer"]),
 ])
 def test_failures_say_the_server_and_whether_a_fleet_may_drop_it(canned, status, body, kind, needles):
     canned.reply = (status, body)

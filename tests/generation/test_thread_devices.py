@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpocli.generation import devices
-from grpocli.generation.devices import cuda_device, gpu_identity, process_device, same_gpu, use_device
+from grpocli.generation.devices import cuda_device, process_device, use_device
 
 
 @pytest.fixture
@@ -41,22 +41,6 @@ def test_use_device_sets_an_indexed_cuda_device_only(set_device):
     use_device("cpu")
     use_device(torch.device("cuda", 2))
     assert set_device == [(threading.current_thread().name, torch.device("cuda", 2))]
-
-
-def test_a_cpu_device_says_so():
-    assert gpu_identity(None) == {"type": "cpu"} and gpu_identity("cpu") == {"type": "cpu"}
-
-
-@pytest.mark.parametrize(("a", "b", "same"), [
-    ({"type": "cuda", "uuid": "GPU-1"}, {"type": "cuda", "uuid": "GPU-1"}, True),
-    ({"type": "cuda", "uuid": "GPU-1", "index": 0}, {"type": "cuda", "uuid": "GPU-2", "index": 0}, False),
-    ({"type": "cuda", "uuid": "GPU-1"}, {"type": "cpu"}, False),
-    ({"type": "cpu"}, {"type": "cpu"}, False),
-    ({"type": "cuda", "uuid": "GPU-1"}, None, None),             # a server that does not say
-    ({"type": "cuda", "uuid": None}, {"type": "cuda", "uuid": "GPU-1"}, None),
-])
-def test_same_gpu_compares_uuids_not_indices(a, b, same):
-    assert same_gpu(a, b) is same
 
 
 def test_the_prefetch_thread_takes_the_process_device_first(set_device):
@@ -107,14 +91,14 @@ def test_the_prefetch_thread_on_a_cpu_run_sets_nothing(set_device):
 
 
 def test_the_server_engine_thread_takes_the_engine_device_first(set_device):
-    from grpocli.server.worker import Job, Worker
+    from grpocli.reference.worker import Job, Worker
 
     def run_all(jobs):
         for job in jobs:
             worker.run(job, lambda: threading.current_thread().name, label=job.kind, limit=None)
 
     worker = Worker("grpo-engine", run_all, subject="the engine", worker="the engine worker",
-                    restart="grpo vllm-serve", device=torch.device("cuda", 3))
+                    restart="grpo ref-serve", device=torch.device("cuda", 3))
     try:
         assert worker.ask(Job("ping"), timeout=10) == "grpo-engine"
     finally:

@@ -1,11 +1,10 @@
-"""One thread that runs a model server's jobs in order: deadlines, stuck detection, health.
+"""One thread that runs `grpo ref-serve`'s model jobs in order: deadlines, stuck detection, health.
 
-`grpo vllm-serve` (grpocli.server.host) and `grpo ref-serve` (grpocli.reference.host) each drive
-their model from one Worker, so no two calls ever run inside the model at once. A request thread
-puts a Job on the worker's queue and waits for its answer at most its timeout (``ask``). The
-worker thread takes every job that is waiting at once and hands them to its host's ``schedule``,
-which decides what runs when: the vLLM host runs them as they came; the reference host batches
-log-prob requests and holds those that read the weights while an update mixes them in.
+`grpo ref-serve` (grpocli.reference.host) drives its model from one Worker, so no two calls ever run
+inside the model at once. A request thread puts a Job on the worker's queue and waits for its answer
+at most its timeout (``ask``). The worker thread takes every job that is waiting at once and hands
+them to its host's ``schedule``, which decides what runs when: the reference host batches log-prob
+requests and holds those that read the weights while an update mixes them in.
 
 The schedule runs a job with ``run`` (its answer or exception goes to the job's future) or a
 batch of jobs under ``busy``; either marks the worker busy with a deadline, and a job still

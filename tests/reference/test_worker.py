@@ -1,4 +1,4 @@
-"""The worker both servers share (grpocli.server.worker), on plain Python jobs: no model, no HTTP.
+"""The worker `grpo ref-serve` runs its model on (grpocli.reference.worker), on plain Python jobs: no model, no HTTP.
 
 The hosts' own tests (tests/engines, tests/reference, tests/faults/test_server_faults.py) check the
 same behaviour through the real servers; these pin the worker's contract by itself: one thread,
@@ -14,7 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from grpocli.server.worker import Job, Worker
+from grpocli.reference.worker import Job, Worker
 from grpocli.serving.access import ServerError
 
 NAMES = {"subject": "the model", "worker": "the test worker", "restart": "grpo test-serve"}
