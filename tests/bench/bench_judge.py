@@ -57,7 +57,7 @@ def main() -> None:
         print(f"model {model}, {n} completions, max_tokens {opts.max_tokens}, load {os.getloadavg()[0]:.1f}")
         for concurrency in opts.concurrency:
             judge_module._judges.clear()  # a fresh reply cache
-            args = {"base_url": server.url + "/v1", "model": "judge", "max_tokens": opts.max_tokens,
+            args = {"base_url": server.url + "/v1", "model": str(model), "max_tokens": opts.max_tokens,
                     "concurrency": concurrency, "temperature": 0.0}
             for label in ("sent", "cached"):
                 log = RewardLog()

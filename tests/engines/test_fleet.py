@@ -150,10 +150,13 @@ def test_a_killed_server_stops_training_by_name_or_is_dropped(fleet, tiny_shape,
     from grpocli.trainer.session import Session
 
     monkeypatch.setenv("GRPO_VLLM_API_KEY", KEY)
-    strict = _recipe(fleet.urls, tiny_shape, tmp_path / "strict").recipe
+    strict = _recipe(fleet.urls, tiny_shape, tmp_path / "strict")
+    policy = Session.open(strict)  # a second trainer of the same servers: only for its policy and tokenizer
+    stops = build_backend(policy.policy, policy.tokenizer, strict.recipe, seed=0)
+    policy.close()
+    # last to join the servers' weight groups (a vLLM server has one: the last trainer's), so it syncs
     s = Session.open(_recipe(fleet.urls, tiny_shape, tmp_path / "drop", "vllm.drop_failed_servers=true"))
     try:
-        stops = build_backend(s.policy, s.tokenizer, strict, seed=0)
         os.killpg(fleet.servers[1].proc.pid, signal.SIGKILL)  # the API server and its engine process
         fleet.servers[1].proc.wait(timeout=30)
 

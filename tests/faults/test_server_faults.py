@@ -279,8 +279,9 @@ def test_runs_through_the_server_are_reproducible_and_resume_exactly(plain, tmp_
 # -- stopping (last: it stops the server) -------------------------------------------------------------------
 @pytest.mark.slow
 def test_sigterm_stops_the_server_while_it_generates(plain):
-    """Ctrl-C / SIGTERM, with the engine busy for a minute: the server and its engine process are gone
-    within seconds, and the port is free again."""
+    """Ctrl-C / SIGTERM with the engine busy for a minute: vLLM stops its engine processes at once; its API
+    process ends once the request in flight lets go (here its client gives up after 10 s), and the port is
+    free again. (vLLM 0.32's API process waits for open connections: SIGKILL ends it at once.)"""
     import socket
     import threading
 
@@ -288,16 +289,16 @@ def test_sigterm_stops_the_server_while_it_generates(plain):
 
     answers = {}
     threading.Thread(target=lambda: answers.update(long=call(plain, "POST", "/v1/completions",
-                                                             {"model": plain.model_dir, **LONG}, timeout=120)),
+                                                             {"model": plain.model_dir, **LONG}, timeout=10)),
                      daemon=True).start()
     time.sleep(2.0)
     family = psutil.Process(plain.proc.pid).children(recursive=True)
     assert family, "the engine runs in a child process of the API server"
     t0 = time.monotonic()
     os.kill(plain.proc.pid, signal.SIGTERM)  # the API server alone, as Ctrl-C in its terminal would
-    plain.proc.wait(timeout=30)
-    assert time.monotonic() - t0 < 25
     gone, alive = psutil.wait_procs(family, timeout=15)
     assert not alive, alive
+    plain.proc.wait(timeout=40)
+    assert time.monotonic() - t0 < 40
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", plain.port), timeout=2).close()
