@@ -43,10 +43,14 @@ LONGEST_FIRST = (
     "launch/test_processes_in_step.py",  # 65
     "trainer/test_fsdp_lockstep.py",    # 145, two processes
     "multiturn/test_environment_packages.py",  # 51
+    "engines/test_fleet.py",            # ~200, two vLLM servers
     "faults/test_server_faults.py",     # ~100 (measured alone), a stock vLLM server
+    "engines/test_vllm_server.py",      # ~100, a vLLM server
+    "engines/test_trl_server_mode.py",  # ~90, a vLLM server
+    "engines/test_judge_server.py",     # ~90, a vLLM server
     "engines/test_vllm_processes.py",   # 140, two processes
     "engines/test_vllm_stock_server.py",  # ~90 (measured alone), two stock vLLM servers
-    "engines/test_vllm_lora_adapter.py",  # ~25
+    "engines/test_vllm_lora_adapter.py",  # ~90, a vLLM server
     "launch/test_launcher.py",          # 49
     "test_gpu_kit.py",                  # 46
     "faults/test_disk_faults.py",       # 40

@@ -33,6 +33,10 @@ CPU_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
+#: The engine's worker inside its engine process (vLLM's "uni" executor): one process fewer to start (~5 s here).
+UNI = ("--distributed-executor-backend", "uni")
+
+
 class Server:
     """A real `grpo vllm-serve` subprocess (stock `vllm serve`, which it execs) on 127.0.0.1 (a free port),
     started with an API key (``api_key=None``: without one, as TRL's client needs: it sends none);
@@ -45,7 +49,7 @@ class Server:
         self.start(model_dir, log_path, api_key, env, [
             sys.executable, "-m", "grpocli.cli.app", "vllm-serve", "--model", str(model_dir),
             "--port", "{port}", "--dtype", "float32", "--max-model-len", str(max_model_len),
-            *(["--api-key", api_key] if api_key else []), *args])
+            *(["--api-key", api_key] if api_key else []), *UNI, *args])
 
     def start(self, model_dir, log_path, api_key, env, argv) -> None:
         import subprocess

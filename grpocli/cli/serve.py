@@ -77,6 +77,9 @@ def serve(
                                           "auto (nccl on a GPU, else grpo_gloo)."),
     max_body_mb: float = typer.Option(256.0, "--max-body-mb", min=0.001,
                                       help="Largest request body (MiB); larger ones get a 413 before they are read."),
+    lora_rank: int = typer.Option(None, "--lora-rank", min=1, max=512,
+                                  help="Serve LoRA adapters up to this rank (the policy's model.lora.r), for syncs "
+                                       "that send the adapters alone (vllm.lora_sync)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the vllm serve command and stop."),
 ) -> None:
     """Check the flags, print the `vllm serve` command, and become it (exec: vLLM's process, signals and exit code)."""
@@ -91,7 +94,7 @@ def serve(
         vllm_model_impl=vllm_model_impl, distributed_executor_backend=distributed_executor_backend,
         speculative_config=speculative_config, max_num_batched_tokens=max_num_batched_tokens,
         trust_request_chat_template=trust_request_chat_template, weight_transfer=weight_transfer,
-        max_body_mb=max_body_mb, extra=tuple(a for a in ctx.args if a != "--"))
+        max_body_mb=max_body_mb, lora_rank=lora_rank, extra=tuple(a for a in ctx.args if a != "--"))
     refused = refusal(flags)  # before vLLM's import and the engine's start, which would end in a traceback
     if refused:
         what, where, valid, hint = refused

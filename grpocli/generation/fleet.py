@@ -78,7 +78,8 @@ class ServerFleet:
             )
         first = infos[self.clients[0]]
         transports = [t for t in first["transports"] if all(t in infos[c]["transports"] for c in self.clients)]
-        return {**first, "transports": transports, "devices": [infos[c].get("device") for c in self.clients]}
+        return {**first, "transports": transports, "devices": [infos[c].get("device") for c in self.clients],
+                "lora_rank": min(int(infos[c].get("lora_rank") or 0) for c in self.clients)}
 
     # -- generation -----------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,

@@ -48,10 +48,12 @@ def adapter_problem(model: Any, *, inflight: bool = False, processes: int = 1, s
     return None
 
 
-def adapter_versions(model: Any, vllm_section: Any, *, inflight: bool, parallel: Any) -> AdapterVersions | None:
-    """AdapterVersions where the colocated engine takes the policy's adapters alone (vllm.lora_sync =
-    "adapter", or "auto" on CUDA, and `adapter_problem` finds nothing), else None: the merged sync, with a
-    one-line note on stderr for a LoRA policy that asked for adapters."""
+def adapter_versions(model: Any, vllm_section: Any, *, inflight: bool, parallel: Any,
+                     server: str | None = None) -> AdapterVersions | None:
+    """AdapterVersions where the engine takes the policy's adapters alone (vllm.lora_sync = "adapter", or "auto"
+    on CUDA, and `adapter_problem` finds nothing), else None: the merged sync, with a one-line note on stderr
+    for a LoRA policy that asked for adapters. ``server``: why the vLLM servers cannot load them (None: they
+    can, or the engine is colocated); a server's adapters come from the main process alone."""
     import sys
 
     import torch
@@ -61,16 +63,36 @@ def adapter_versions(model: Any, vllm_section: Any, *, inflight: bool, parallel:
         asked = "adapter" if torch.cuda.is_available() else "merged"
     if asked != "adapter" or not hasattr(model, "peft_config"):
         return None
-    problem = adapter_problem(model, inflight=inflight, processes=parallel.size if parallel else 1,
+    colocated = server is None
+    problem = adapter_problem(model, inflight=inflight,
+                              processes=parallel.size if parallel and colocated else 1,
                               sharded=bool(getattr(parallel, "forward_collective", False)))
-    if problem is None and vllm_section.sleep_mode:
+    if problem is None and vllm_section.sleep_mode and colocated:
         problem = "vllm.sleep_mode discards the engine's weights, which only a merged sync sends again"
+    problem = problem or server or None
     if problem is not None:
         print(f"note: vllm.lora_sync = 'adapter' falls back to merged weights: {problem}", file=sys.stderr, flush=True)
         return None
     from grpocli.generation.lora import lora_terms
 
     return AdapterVersions(tensors=2 * len(lora_terms(model)))
+
+
+def server_lacks(model: Any, lora_rank: int, urls: list[str]) -> str:
+    """Why the vLLM servers at ``urls`` cannot load the policy's adapters ("" where they can): they serve no LoRA
+    of its rank, or one is on another machine (the server reads the adapter from its own disk)."""
+    if not hasattr(model, "peft_config"):
+        return ""
+    import urllib.parse
+
+    rank = int(model.peft_config[model.active_adapter].r)
+    if lora_rank < rank:
+        return (f"the vLLM server serves no LoRA adapters of rank {rank} (start it with grpo vllm-serve --lora-rank "
+                f"{rank})")
+    far = [u for u in urls if urllib.parse.urlparse(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+    if far:
+        return f"the server at {far[0]} reads adapters from its own disk, and it is on another machine (not yet)"
+    return ""
 
 
 def engine_lora_kwargs(model: Any) -> dict[str, Any]:
@@ -103,16 +125,21 @@ class AdapterVersions:
         self.bytes = sum(f.stat().st_size for f in path.iterdir() if f.suffix == ".safetensors")
         return self.bytes
 
+    @property
+    def name(self) -> str:
+        """The latest version's name (in vLLM's LoRARequest and a server's /v1/load_lora_adapter)."""
+        return f"grpo-v{self.version}"
+
     def request(self) -> Any:
         """vLLM's LoRARequest of the latest version (None before the first save)."""
         if self.path is None:
             return None
         from vllm.lora.request import LoRARequest
 
-        return LoRARequest(f"grpo-v{self.version}", self.version, str(self.path))
+        return LoRARequest(self.name, self.version, str(self.path))
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-__all__ = ["AdapterVersions", "VLLM_RANKS", "adapter_problem", "adapter_versions", "engine_lora_kwargs"]
+__all__ = ["AdapterVersions", "VLLM_RANKS", "adapter_problem", "adapter_versions", "engine_lora_kwargs", "server_lacks"]

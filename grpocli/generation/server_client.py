@@ -63,7 +63,7 @@ class ServerClient:
         self.group: Any = None
         self.group_backend: str | None = None
         self.store: Any = None
-        self.model = ""
+        self.model = self.base_model = ""  # what requests name: the served model, or the latest adapter
         self.versions = 0
         self.label: int | None = None  # in flight: the trainer's policy version of the weights being sent
         self.recompute = False          # in flight: the requests kept recompute their KV cache after a sync
@@ -71,10 +71,13 @@ class ServerClient:
 
     # -- HTTP ----------------------------------------------------------------------------
     def call(self, method: str, path: str, body: Any = None, *, timeout: float | None = None,
-             answer: Any = None) -> Any:
-        """The answer as JSON, or as the ``answer`` model (grpocli.wire.vllm_api); failures as UserError."""
+             answer: Any = None, text: bool = False) -> Any:
+        """The answer as JSON, as the ``answer`` model (grpocli.wire.vllm_api), or as ``text`` (vLLM's LoRA routes
+        answer plain text); failures as UserError."""
         timeout = self.timeout if timeout is None else timeout
         try:
+            if text:
+                return self.http.send(method, path, body, timeout=timeout).content.decode(errors="replace")
             return self.http.call(method, path, body, answer=answer, timeout=timeout)
         except Refused as exc:
             raise self._refused(exc) from None
@@ -156,11 +159,13 @@ class ServerClient:
         if lacks:
             raise UserError(f"the vLLM server at {self.url} has " + "; and ".join(what for what, _ in lacks),
                             where="vllm.server_url", valid=" ".join(flag for _, flag in lacks), hint=RESTART)
-        self.model = str(m.served_model_name or m.model)
+        self.model = self.base_model = str(m.served_model_name or m.model)
         world = int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
+        lora = info.lora_config or {}
         return {"protocol": "vllm", "model": self.model, "max_model_len": m.max_model_len, "world_size": world,
                 "dtype": m.dtype.removeprefix("torch."), "weights_version": None,
-                "transports": [TRANSPORTS[backend]], "device": None, "vllm": version}
+                "transports": [TRANSPORTS[backend]], "device": None, "vllm": version,
+                "lora_rank": int(lora.get("max_lora_rank") or 0)}
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: Sampling, *,
@@ -228,6 +233,15 @@ class ServerClient:
         self.call("POST", api.RESUME_PATH)
 
     # -- weights -------------------------------------------------------------------------
+    def use_adapter(self, name: str, path: str) -> None:
+        """vLLM's /v1/load_lora_adapter of ``path`` (a directory the server reads) as ``name``, which later
+        requests name; the adapter before it is unloaded."""
+        self.call("POST", api.LOAD_LORA_PATH, {"lora_name": name, "lora_path": path}, text=True)
+        previous, self.model = self.model, name
+        if previous != self.base_model:
+            with contextlib.suppress(UserError):
+                self.call("POST", api.UNLOAD_LORA_PATH, {"lora_name": previous}, text=True)
+
     def update_weights(self, weights: PolicyWeights, *, transport: str = "gloo",
                        max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
         """Send every tensor in buckets (one announced broadcast each); a failure closes the update."""

@@ -26,11 +26,13 @@ The trainer's side needs no vLLM and no server package: its HTTP is grpocli.wire
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.fleet import ServerFleet
+from grpocli.generation.lora_adapter import adapter_versions, server_lacks
 from grpocli.generation.server_client import ServerClient
 from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, dtype_from_name, policy_weights
 from grpocli.parallel import Parallel
@@ -60,6 +62,9 @@ class VllmServerBackend(PromptEncoder):
         self.transport = choose_transport(transport or os.environ.get("GRPO_VLLM_WEIGHT_TRANSPORT"), self.info)
         self.bucket_bytes = bucket_bytes
         self.last_sync: dict[str, Any] = {}
+        # a LoRA policy: its adapters alone, where the servers can load them (grpocli.generation.lora_adapter)
+        self.adapters = adapter_versions(model, v, inflight=False, parallel=self.parallel,
+                                         server=server_lacks(model, self.info["lora_rank"], v.server_urls))
         self.sync_weights(model)  # the server may hold other weights than the policy (resume, base model)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> Generated:
@@ -70,12 +75,23 @@ class VllmServerBackend(PromptEncoder):
         return self.fleet.generate(prompt_ids, n, sampling, seeds=request_seeds(len(prompt_ids)))
 
     def sync_weights(self, model: Any) -> None:
-        """Main process: send the weights to every server; everyone: wait for it."""
+        """Main process: send the weights (or the adapters alone) to every server; everyone: wait for it."""
+        if self.adapters is not None:
+            if self.parallel.main:
+                size = self.adapters.save(model)
+                path = str(self.adapters.path)
+                self.fleet.each({c: partial(c.use_adapter, self.adapters.name, path) for c in self.fleet.live},
+                                what="the adapter update")
+                self.last_sync = {"bytes": float(size), "tensors": float(self.adapters.tensors),
+                                  "weights_version": self.adapters.name}
+            self.parallel.wait()
+            return
         with policy_weights(model, self.dtype, self.parallel) as weights:
             if self.parallel.main:
                 self.last_sync = {**self.fleet.update_weights(weights, transport=self.transport,
                                                               max_bytes=self.bucket_bytes),
                                   "bytes": float(sum(spec.nbytes for spec in weights.specs()))}
+                self.last_sync["tensors"] = float(self.last_sync["tensors"])
             else:
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
         self.parallel.wait()
@@ -85,13 +101,21 @@ class VllmServerBackend(PromptEncoder):
         kept, the weights, resume."""
         from grpocli.generation.server_inflight import ServerInflight
 
+        if self.adapters is not None:  # requests kept over a sync would need two adapter versions at once
+            raise UserError("generation.pipeline = \"inflight\" keeps requests over a sync, which adapter versions "
+                            "do not yet", where="vllm.lora_sync", valid="\"merged\" with generation.pipeline = "
+                            "\"inflight\"", hint="set vllm.lora_sync = \"merged\"")
         return ServerInflight(self.fleet.live, send=self.sync_weights, version=version, kv_cache=kv_cache)
 
     def metrics(self) -> dict[str, float]:
-        """vllm/servers, vllm/servers_dropped, vllm/prompts_resent with several servers; else {}."""
-        return self.fleet.metrics()
+        """weight_sync/bytes and weight_sync/tensors of the last sync; vllm/servers, vllm/servers_dropped,
+        vllm/prompts_resent with several servers."""
+        synced = {f"weight_sync/{k}": float(self.last_sync[k]) for k in ("bytes", "tensors") if k in self.last_sync}
+        return {**synced, **self.fleet.metrics()}
 
     def close(self) -> None:
+        if self.adapters is not None:
+            self.adapters.close()
         self.fleet.close()  # the servers outlive the run; stop each with Ctrl-C
 
 

@@ -67,8 +67,9 @@ class VllmSection(Section):
         json_schema_extra=FREE_ON_RESUME,
     )
     lora_sync: Literal["auto", "adapter", "merged"] = Field(
-        "auto", description="A LoRA policy's weight sync to the colocated engine: 'adapter' sends the adapters "
-        "alone and vLLM applies them (the engine holds the base weights once; each sync is a new adapter version); "
+        "auto", description="A LoRA policy's weight sync to vLLM: 'adapter' sends the adapters alone and vLLM "
+        "applies them (the engine holds the base weights once; each sync is a new adapter version; a server needs "
+        "`grpo vllm-serve --lora-rank R` on the trainer's machine); "
         "'merged' sends the whole model with the adapters added (TRL's way); 'auto': adapter on CUDA, merged on a "
         "CPU (vLLM's CPU LoRA path made generation several times slower, docs/vllm.md). Where vLLM's LoRA cannot "
         "serve the adapters (DoRA, embedding LoRA, modules_to_save, rank above 512, in flight, several processes, "

@@ -41,7 +41,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 @dataclass(frozen=True)
 class ServeFlags:
-    """`grpo vllm-serve`'s flags: TRL 1.16's ScriptArguments, and grpo's (weight_transfer, max_body_mb)."""
+    """`grpo vllm-serve`'s flags: TRL 1.16's ScriptArguments, and grpo's (weight_transfer, max_body_mb, lora_rank)."""
 
     model: str
     revision: str | None = None
@@ -65,6 +65,7 @@ class ServeFlags:
     trust_request_chat_template: bool = False
     weight_transfer: str = "auto"
     max_body_mb: float = 256.0
+    lora_rank: int | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -112,10 +113,17 @@ def build_command(flags: ServeFlags, *, has_gpu: bool) -> tuple[list[str], dict[
         argv.append("--trust-remote-code")
     if flags.trust_request_chat_template:
         argv.append("--trust-request-chat-template")
+    if flags.lora_rank:  # adapter-only syncs: one adapter at a time, loaded at run time (/v1/load_lora_adapter)
+        from grpocli.generation.lora_adapter import VLLM_RANKS
+
+        rank = next((r for r in VLLM_RANKS if r >= flags.lora_rank), VLLM_RANKS[-1])
+        argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "1", "--max-cpu-loras", "2"]
     argv += ["--enable-scale-out", "--weight-transfer-config", json.dumps({"backend": transfer}),
              "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--middleware", GUARD,
              *flags.extra]
     env = {"VLLM_SERVER_DEV_MODE": "1", MAX_BODY_ENV: f"{flags.max_body_mb:g}"}
+    if flags.lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if flags.api_key:
         env["VLLM_API_KEY"] = flags.api_key  # vLLM's own variable: its /v1 check and the guard's read it
     return argv, env

@@ -15,6 +15,8 @@ grpocli.generation.server_client.
     POST /init_weight_transfer_engine           {"init_info": {...}}  (the backend's own fields)
     POST /start_weight_update, /update_weights {"update_info": {...}}, /finish_weight_update {"weight_version"}
     POST /reset_prefix_cache
+    POST /v1/load_lora_adapter {"lora_name", "lora_path"}, /v1/unload_lora_adapter {"lora_name"}: adapters
+                                                read from the server's disk (--enable-lora, runtime updates on)
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ PAUSE_PATH, RESUME_PATH = "/pause", "/resume"
 INIT_TRANSFER_PATH, START_UPDATE_PATH = "/init_weight_transfer_engine", "/start_weight_update"
 UPDATE_PATH, FINISH_UPDATE_PATH = "/update_weights", "/finish_weight_update"
 RESET_PATH = "/reset_prefix_cache"
+LOAD_LORA_PATH, UNLOAD_LORA_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 #: The first vLLM whose server has the RL API (pause/resume and the weight-transfer engine routes).
 RL_API_SINCE = (0, 32)
 #: The log-probs vLLM must return for grpo's importance-sampling correction: after temperature and top-k/p.
@@ -134,7 +137,7 @@ class ServerInfo(Loose):
 
 __all__ = [
     "ABORT_PATH", "COMPLETIONS_PATH", "Choice", "CompletionAnswer", "CompletionRequest", "FINISH_UPDATE_PATH",
-    "HEALTH_PATH", "INCOMPLETE", "INIT_TRANSFER_PATH", "KEY_ENV", "PAUSE_PATH", "PROCESSED", "RESET_PATH", "RESUME_PATH",
+    "HEALTH_PATH", "INCOMPLETE", "INIT_TRANSFER_PATH", "KEY_ENV", "LOAD_LORA_PATH", "PAUSE_PATH", "PROCESSED", "RESET_PATH", "RESUME_PATH",
     "RL_API_SINCE", "SERVER_INFO_PATH", "START_UPDATE_PATH", "ServerInfo", "TOKENS_PATH", "TokensAnswer",
-    "TokensRequest", "UPDATE_PATH", "VERSION_LABEL_PATH", "VERSION_PATH", "WORLD_SIZE_PATH",
+    "TokensRequest", "UNLOAD_LORA_PATH", "UPDATE_PATH", "VERSION_LABEL_PATH", "VERSION_PATH", "WORLD_SIZE_PATH",
 ]

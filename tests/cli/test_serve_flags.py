@@ -56,6 +56,12 @@ def test_on_a_gpu_weights_go_over_nccl_and_cuda_graphs_stay():
     assert env["VLLM_API_KEY"] == "k" and "k" not in argv  # the key in vLLM's own variable, not on the command line
 
 
+def test_lora_rank_serves_adapters_loaded_at_run_time():
+    argv, env = build_command(ServeFlags(model="m", lora_rank=12), has_gpu=False)
+    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "16"  # vLLM's ranks: 8, 16, ...
+    assert argv[argv.index("--max-loras") + 1] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
 def test_the_command_holds_every_flag_trls_own_would():
     """TRL 1.16's build_command for the same flags: each of its flags and values is in grpo's command."""
     trl_serve = pytest.importorskip("trl.scripts.vllm_serve", reason="TRL is not installed (pip install trl)")

@@ -1,6 +1,7 @@
-"""vllm.lora_sync = "adapter": a LoRA policy's sync sends its adapters alone and the colocated vLLM engine
-applies them (a new LoRARequest version each sync, the base weights held once); the merged sync stays
-for what vLLM's LoRA cannot serve, said in one line."""
+"""vllm.lora_sync = "adapter": a LoRA policy's sync sends its adapters alone and vLLM applies them: the colocated
+engine (a new LoRARequest version each sync, the base weights held once) and a `grpo vllm-serve --lora-rank R`
+(a new /v1/load_lora_adapter version each sync); the merged sync stays for what vLLM's LoRA cannot serve, said
+in one line."""
 
 from __future__ import annotations
 
@@ -40,6 +41,27 @@ def test_adapter_sync_sends_the_adapters_alone_and_the_engine_samples_the_traine
     assert {r["weight_sync/tensors"] for r in adapter} == {28.0}
     whole = (tiny_dir / "model.safetensors").stat().st_size  # what a merged sync sends (float32, as saved)
     assert 0 < adapter[-1]["weight_sync/bytes"] < whole / 4, (adapter[-1]["weight_sync/bytes"], whole)
+
+
+def test_adapter_sync_to_a_vllm_server_loads_each_version_and_sends_no_base_weight(tiny_dir, tmp_path):
+    """The server reads each version's adapter files (this machine's disk) and later requests name it; the
+    engine's log-probs are the LoRA policy's at every step; no /update_weights (no base weight) at all."""
+    from vllm_serve_process import Server
+
+    server = Server(tiny_dir, tmp_path / "server.log", api_key=None, args=("--lora-rank", "8", "--log-level", "info"))
+    try:
+        server.wait(timeout=300)
+        done, rows = _run(tiny_dir, tmp_path / "run", "generation.backend=vllm-server",
+                          f"vllm.server_url='{server.url}'", "vllm.lora_sync=adapter")
+        log = server.tail(10**7)
+    finally:
+        server.stop()
+    assert "falls back" not in done.stderr
+    for r in rows:
+        assert r["sampling/sampling_logp_difference/max"] < 1e-4, r
+    assert {r["weight_sync/tensors"] for r in rows} == {28.0}
+    assert log.count('"POST /v1/load_lora_adapter HTTP/1.1" 200') >= 3, log[-3000:]
+    assert "/update_weights" not in log and "/init_weight_transfer_engine" not in log
 
 
 def test_what_vllms_lora_cannot_serve_falls_back_to_merged_weights_saying_why():

@@ -72,15 +72,55 @@ def test_in_flight_on_stock_vllm_pauses_with_requests_kept_and_labels_each_token
     assert '"POST /pause?mode=keep HTTP/1.1" 200' in log and '"POST /resume HTTP/1.1" 200' in log
 
 
-def test_a_stock_server_without_the_flags_is_named_before_training(tiny_dir, tmp_path):
-    """No weight-transfer engine and vLLM's default raw log-probs: both flags named, exit 2, nothing run."""
+def test_a_stock_server_without_the_flags_is_named_before_training_and_stops_on_sigterm(tiny_dir, tmp_path):
+    """No weight-transfer engine and vLLM's default raw log-probs: both flags named, exit 2, nothing run. Then
+    SIGTERM while it generates (`sigterm_stops_it_while_it_generates`)."""
     server = StockServer(tiny_dir, tmp_path / "bare.log")  # dev mode, neither flag
     try:
         server.wait(timeout=300)
         done = _train(server, tiny_dir, tmp_path / "run")
+        sigterm_stops_it_while_it_generates(server)
     finally:
         server.stop()
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "no weight-transfer engine" in done.stderr and "--weight-transfer-config" in done.stderr
     assert "raw_logprobs" in done.stderr and "--logprobs-mode processed_logprobs" in done.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def sigterm_stops_it_while_it_generates(server) -> None:
+    """Ctrl-C / SIGTERM with the engine busy for a minute: vLLM stops its engine process at once; its API
+    process ends once the request in flight lets go (here its client gives up after 10 s), and the port is
+    free again. (vLLM 0.32's API process waits for open connections: SIGKILL ends it at once.)"""
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    import psutil
+
+    body = json.dumps({"model": server.model_dir, "prompt": [5, 6, 7], "n": 64, "max_tokens": 250,
+                       "ignore_eos": True, "temperature": 1.0}).encode()
+    request = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+
+    def long_request() -> None:
+        try:
+            urllib.request.urlopen(request, timeout=10).read()
+        except OSError:
+            pass
+
+    threading.Thread(target=long_request, daemon=True).start()
+    time.sleep(2.0)
+    family = psutil.Process(server.proc.pid).children(recursive=True)
+    assert family, "the engine runs in a child process of the API server"
+    t0 = time.monotonic()
+    os.kill(server.proc.pid, signal.SIGTERM)  # the API server alone, as Ctrl-C in its terminal would
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, alive
+    server.proc.wait(timeout=40)
+    assert time.monotonic() - t0 < 40
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()

@@ -11,7 +11,7 @@ tested here against stock vLLM, as a user meets it. The cases that no longer app
 - an engine error inside one request, a job stuck past its deadline, a retried weight bucket, POST /close,
   the weight group's sockets in the server's own process: grpo's engine host, worker, bucket protocol and
   /close are gone (vLLM runs its engine in its own process; weights arrive by broadcast, no bucket is
-  retried; the server stops on SIGTERM/Ctrl-C: ``test_sigterm_stops_the_server_while_it_generates``);
+  retried; the server stops on SIGTERM/Ctrl-C: tests/engines/test_vllm_stock_server.py);
 - a trusted request template that loops: vLLM renders templates in its API process; a trusted template is
   code its owner chose to run (the default refuses every request template: tested below);
 - --request-timeout: stock vLLM has no per-request deadline; a client's own timeout aborts the request
@@ -276,29 +276,38 @@ def test_runs_through_the_server_are_reproducible_and_resume_exactly(plain, tmp_
     assert len(seeds) == 4 and len(set(seeds)) == 4  # one per prompt and step
 
 
-# -- stopping (last: it stops the server) -------------------------------------------------------------------
+# -- a server killed mid-sync (last: it kills the server) ---------------------------------------------------
 @pytest.mark.slow
-def test_sigterm_stops_the_server_while_it_generates(plain):
-    """Ctrl-C / SIGTERM with the engine busy for a minute: vLLM stops its engine processes at once; its API
-    process ends once the request in flight lets go (here its client gives up after 10 s), and the port is
-    free again. (vLLM 0.32's API process waits for open connections: SIGKILL ends it at once.)"""
-    import socket
-    import threading
+def test_a_server_killed_mid_sync_is_a_clear_error_naming_it(plain):
+    """SIGKILL to the server (API process and engine) after 3 of a sync's buckets: the sync stops at once
+    with the error that names the server, not a broadcast waiting for its peer."""
+    import torch
 
-    import psutil
+    from grpocli.errors import UserError
+    from grpocli.generation.fleet import ServerFleet
+    from grpocli.generation.server_client import ServerClient
+    from grpocli.generation.weights import policy_weights
+    from grpocli.models import build_char_tokenizer, build_tiny_model
+    from grpocli.recipe.schema import TinyModel
 
-    answers = {}
-    threading.Thread(target=lambda: answers.update(long=call(plain, "POST", "/v1/completions",
-                                                             {"model": plain.model_dir, **LONG}, timeout=10)),
-                     daemon=True).start()
-    time.sleep(2.0)
-    family = psutil.Process(plain.proc.pid).children(recursive=True)
-    assert family, "the engine runs in a child process of the API server"
+    client = ServerClient(plain.url, timeout=60, api_key=API_KEY)
+    fleet = ServerFleet([client])
+    fleet.wait_until_ready()
+    sent, send = [], client.send_bucket
+
+    def send_then_kill(uid, payload):
+        if len(sent) == 3:
+            os.killpg(plain.proc.pid, signal.SIGKILL)
+            plain.proc.wait(timeout=30)
+        sent.append(uid)
+        send(uid, payload)
+
+    client.send_bucket = send_then_kill
+    model = build_tiny_model(TinyModel(**TINY), build_char_tokenizer(), 5)
     t0 = time.monotonic()
-    os.kill(plain.proc.pid, signal.SIGTERM)  # the API server alone, as Ctrl-C in its terminal would
-    gone, alive = psutil.wait_procs(family, timeout=15)
-    assert not alive, alive
-    plain.proc.wait(timeout=40)
-    assert time.monotonic() - t0 < 40
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", plain.port), timeout=2).close()
+    with pytest.raises(UserError) as err, policy_weights(model, torch.float32) as weights:
+        fleet.update_weights(weights, max_bytes=8 * 1024)  # ~440 KB: dozens of buckets
+    text = err.value.render()
+    assert f"no vLLM server answers at {plain.url}" in text, text
+    assert len(sent) == 4 and time.monotonic() - t0 < 30
+    client.close()
