@@ -65,8 +65,8 @@ class ServerFleet:
 
     # -- start ----------------------------------------------------------------------------
     def wait_until_ready(self) -> dict[str, Any]:
-        """Every server's /info (all must answer); the first's, with the transports all of them offer
-        and every server's device (``devices``, in vllm.server_url's order)."""
+        """Every server's readiness (all must answer); the first's, with the transports all of them offer and
+        the largest LoRA rank all of them serve."""
         infos = self.each({c: c.wait_until_ready for c in self.clients}, what="start", may_drop=False)
         dtypes = {c.url: infos[c]["dtype"] for c in self.clients}
         if len(set(dtypes.values())) > 1:
@@ -78,7 +78,7 @@ class ServerFleet:
             )
         first = infos[self.clients[0]]
         transports = [t for t in first["transports"] if all(t in infos[c]["transports"] for c in self.clients)]
-        return {**first, "transports": transports, "devices": [infos[c].get("device") for c in self.clients],
+        return {**first, "transports": transports,
                 "lora_rank": min(int(infos[c].get("lora_rank") or 0) for c in self.clients)}
 
     # -- generation -----------------------------------------------------------------------

@@ -85,11 +85,13 @@ def server_lacks(model: Any, lora_rank: int, urls: list[str]) -> str:
         return ""
     import urllib.parse
 
+    from grpocli.generation.server_client import LOCAL_HOSTS
+
     rank = int(model.peft_config[model.active_adapter].r)
     if lora_rank < rank:
         return (f"the vLLM server serves no LoRA adapters of rank {rank} (start it with grpo vllm-serve --lora-rank "
                 f"{rank})")
-    far = [u for u in urls if urllib.parse.urlparse(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+    far = [u for u in urls if urllib.parse.urlparse(u).hostname not in LOCAL_HOSTS]
     if far:
         return f"the server at {far[0]} reads adapters from its own disk, and it is on another machine (not yet)"
     return ""

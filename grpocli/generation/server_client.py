@@ -35,13 +35,14 @@ from typing import Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, Sampling
 from grpocli.generation.inflight import FinishedGroup, GroupRequest, token_versions
-from grpocli.generation.weights import DEFAULT_BUCKET_BYTES, PolicyWeights, buckets, flatten_bucket
 from grpocli.wire import vllm_api as api
 from grpocli.wire.client import BadAnswer, Client, Refused, Unavailable
 
 #: The engine's --weight-transfer-config backend -> grpo's transport over it.
 TRANSPORTS = {"grpo_gloo": "gloo", "nccl": "nccl"}
 START_HINT = "start one: grpo vllm-serve --model MODEL_DIR --port 8000 (and vllm.server_url = 'http://127.0.0.1:8000')"
+#: Host names that are this machine.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 RESTART = ("restart it with grpo vllm-serve --model MODEL, or: VLLM_SERVER_DEV_MODE=1 vllm serve MODEL "
            "--weight-transfer-config '{\"backend\": \"grpo_gloo\"}' (\"nccl\" on GPUs) --logprobs-mode processed_logprobs")
 
@@ -61,8 +62,7 @@ class ServerClient:
         self.http = Client(url, timeout=timeout, api_key=api_key)
         self.url, self.timeout, self.api_key = self.http.url, timeout, api_key
         self.group: Any = None
-        self.group_backend: str | None = None
-        self.store: Any = None
+        self.store: Any = None  # the group's TCPStore, hosted here: it lives as long as the group
         self.model = self.base_model = ""  # what requests name: the served model, or the latest adapter
         self.versions = 0
         self.label: int | None = None  # in flight: the trainer's policy version of the weights being sent
@@ -162,9 +162,8 @@ class ServerClient:
         self.model = self.base_model = str(m.served_model_name or m.model)
         world = int(self.call("GET", api.WORLD_SIZE_PATH).get("world_size", 1))
         lora = info.lora_config or {}
-        return {"protocol": "vllm", "model": self.model, "max_model_len": m.max_model_len, "world_size": world,
-                "dtype": m.dtype.removeprefix("torch."), "weights_version": None,
-                "transports": [TRANSPORTS[backend]], "device": None, "vllm": version,
+        return {"model": self.model, "max_model_len": m.max_model_len, "world_size": world,
+                "dtype": m.dtype.removeprefix("torch."), "transports": [TRANSPORTS[backend]], "vllm": version,
                 "lora_rank": int(lora.get("max_lora_rank") or 0)}
 
     # -- generation ---------------------------------------------------------------------
@@ -242,20 +241,6 @@ class ServerClient:
             with contextlib.suppress(UserError):
                 self.call("POST", api.UNLOAD_LORA_PATH, {"lora_name": previous}, text=True)
 
-    def update_weights(self, weights: PolicyWeights, *, transport: str = "gloo",
-                       max_bytes: int = DEFAULT_BUCKET_BYTES) -> dict[str, Any]:
-        """Send every tensor in buckets (one announced broadcast each); a failure closes the update."""
-        uid, sent = self.begin_update(transport), 0
-        try:
-            device = "cuda" if transport == "nccl" else "cpu"
-            for bucket in buckets(weights.unique(), max_bytes):
-                self.send_bucket(uid, flatten_bucket(bucket, device))
-                sent += len(bucket)
-            return {**self.end_update(uid), "tensors": sent}  # the tensors sent (a tied lm_head is not)
-        except BaseException:
-            self.abort_update(uid)
-            raise
-
     def begin_update(self, transport: str) -> str:
         """Join the server's workers in a group (first time), then vLLM's /start_weight_update."""
         if self.group is None:
@@ -292,7 +277,7 @@ class ServerClient:
                                 f"{store.port}: {exc}", where="vllm.server_url",
                                 hint="the server must reach the trainer on that address") from None
             joined.result()
-        self.store, self.group_backend = store, backend
+        self.store = store
 
     def send_bucket(self, uid: str, payload: Any) -> None:
         """One flat bucket: announced by vLLM's /update_weights while it is broadcast."""
@@ -329,10 +314,10 @@ class ServerClient:
             deadline = time.monotonic() + self.timeout
             while not work.is_completed():
                 if announced.done() and announced.exception() is not None:
-                    self.group, self.group_backend = None, None
+                    self.group = None
                     raise announced.exception()
                 if time.monotonic() > deadline:
-                    self.group, self.group_backend = None, None
+                    self.group = None
                     raise ServerUnavailable(
                         f"the weight broadcast to {self.url} did not finish within {self.timeout:g} s",
                         where="vllm.server_timeout", hint=self.stalled_hint)
@@ -340,7 +325,7 @@ class ServerClient:
             try:
                 work.wait()
             except RuntimeError as exc:  # the peer went away: gloo/NCCL's DistBackendError
-                self.group, self.group_backend = None, None
+                self.group = None
                 raise ServerUnavailable(f"the weight broadcast to {self.url} failed: {exc}",
                                         where="vllm.server_url", hint="look at the server's terminal") from None
             announced.result()
@@ -358,11 +343,11 @@ def _release(version: str) -> tuple[int, int]:
 
 def _address_towards(host: str) -> str:
     """This machine's address on the route to ``host`` (127.0.0.1 for a server on this machine)."""
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in LOCAL_HOSTS:
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect((socket.gethostbyname(host), 9))
         return sock.getsockname()[0]
 
 
-__all__ = ["RESTART", "START_HINT", "TRANSPORTS", "ServerClient", "ServerUnavailable"]
+__all__ = ["LOCAL_HOSTS", "RESTART", "START_HINT", "TRANSPORTS", "ServerClient", "ServerUnavailable"]

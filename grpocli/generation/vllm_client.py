@@ -91,7 +91,6 @@ class VllmServerBackend(PromptEncoder):
                 self.last_sync = {**self.fleet.update_weights(weights, transport=self.transport,
                                                               max_bytes=self.bucket_bytes),
                                   "bytes": float(sum(spec.nbytes for spec in weights.specs()))}
-                self.last_sync["tensors"] = float(self.last_sync["tensors"])
             else:
                 weights.take_part()  # FSDP2: each tensor the main process sends is gathered by all
         self.parallel.wait()

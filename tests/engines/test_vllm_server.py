@@ -55,8 +55,10 @@ def client(vllm_server):
 
 
 def _load(client, model, **kwargs):
+    from grpocli.generation.fleet import ServerFleet
+
     with policy_weights(model, torch.float32) as weights:
-        return client.update_weights(weights, **kwargs)
+        return ServerFleet([client]).update_weights(weights, **kwargs)
 
 
 def test_the_server_is_stock_vllm_with_what_training_needs(vllm_server, http, client, tiny_dir):
