@@ -45,6 +45,6 @@ def ref_serve(
         from grpocli.reference.app import run_server
     except ImportError as exc:
         raise UserError(f"the reference server is not available here: {exc}", valid="fastapi and uvicorn installed",
-                        hint="pip install fastapi uvicorn") from None
+                        hint="pip install 'grpocli[serve]'   (or: pip install fastapi uvicorn)") from None
     run_server(model=model, host=host, port=port, api_key=api_key, dtype=dtype, max_batch_tokens=max_batch_tokens,
                request_timeout=request_timeout)

@@ -47,6 +47,6 @@ def reward_serve(
         from grpocli.errors import UserError
 
         raise UserError(f"the reward server is not available here: {exc}", valid="fastapi and uvicorn installed",
-                        hint="pip install fastapi uvicorn") from None
+                        hint="pip install 'grpocli[serve]'   (or: pip install fastapi uvicorn)") from None
     run_server(rewards, host=host, port=port, api_key=api_key or None, timeout=timeout or None, args=args,
                allow=allow, max_body=int(max_body_mb * 2**20) or None)
