@@ -8,7 +8,9 @@ HELP = """Check the recipe's rewards before training: score probe completions of
 (the gold answer in the recipe's format, a wrong answer in that format, the answer without the
 format, an empty completion, a long padded one, a repeated one; with --sample N the model's own)
 and flag rewards that fail, return None, are constant, cannot tell right from wrong, or pay for
-format or length alone. Exits 2 when a reward fails or scores every probe the same.
+format or length alone. A reward that scores every probe the same is scored on extra completions
+(reasoning steps, lists, code, a refusal): one of them scoring differently makes it "not exercised"
+(a warning: the probes lack what it pays for). Exits 2 when a reward fails or is constant.
 
 Examples:
 

@@ -14,15 +14,18 @@ Example:
 
 It runs `vllm serve` with vLLM's RL API on, a weight-transfer engine (NCCL on a GPU, grpo_gloo
 elsewhere) and processed log-probs, and prints that command. trl vllm-serve's flags are taken under
-their own names (--max_model_len or --max-model-len); anything after `--` goes to `vllm serve` as it is.
+their own names (--max_model_len or --max-model-len), bool flags with a value too (--enforce_eager True);
+anything after `--` goes to `vllm serve` as it is.
 """
 
 
 def add_to(app: typer.Typer) -> None:
+    from grpocli.cli.bool_flags import BoolValueCommand  # --enforce_eager True, as trl vllm-serve takes it
+
     extra = {"allow_extra_args": True, "ignore_unknown_options": True}
-    app.command("vllm-serve", help=HELP, no_args_is_help=True, context_settings=extra)(serve)
+    app.command("vllm-serve", help=HELP, no_args_is_help=True, context_settings=extra, cls=BoolValueCommand)(serve)
     app.command("serve", help="Alias of vllm-serve.", no_args_is_help=True, hidden=False,
-                context_settings=extra)(serve)
+                context_settings=extra, cls=BoolValueCommand)(serve)
 
 
 def serve(

@@ -6,7 +6,9 @@ renders them, and each gets the probes of grpocli.evaluation.probes; with ``samp
 model also samples that many completions per row through the recipe's generation backend
 (with [generation]'s sampling and train.seed), scored as the probe ``sampled``. One table shows
 each reward's mean score per probe, then each flag (grpocli.evaluation.probe_scores) on a line.
-A reward that fails or is constant makes the command end with a UserError (exit 2).
+A reward that scores every probe alike is scored on extra completions (grpocli.evaluation.extra_probes):
+one they move is "not exercised" (a warning). A reward that fails or is constant makes the command
+end with a UserError (exit 2).
 No model is loaded unless ``sample`` > 0.
 """
 
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpocli.errors import UserError
+from grpocli.evaluation.extra_probes import extra_probes, recheck_constant
 from grpocli.evaluation.probe_scores import RewardReport, score_probes
 from grpocli.evaluation.probes import Format, Probe, build_probes, detect_format, gold_column, gold_text, parse_format
 
@@ -69,6 +72,8 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
         probes.append(_sampled(r, tokenizer, picked, sample))
     state = trainer_state(global_step=0, max_steps=r.train.steps)  # TRL's keyword, as at the first step
     reports = score_probes(reward_fns, picked, probes, tokenizer, prompt_column=r.data.prompt_column, state=state)
+    recheck_constant(reward_fns, reports, picked, extra_probes(golds, len(picked), found), tokenizer,
+                     prompt_column=r.data.prompt_column, state=state)  # constant, or the probes lack its pattern?
     audit = Audit(found, gold, probes, reports)
     if r.tools or r.multi_turn.environment:  # the probes are single-turn: say so, not silently
         console.print("note: the recipe trains with tools ([[tools]] / multi_turn.environment); the probes are "

@@ -81,7 +81,14 @@ def launch(resolved: Resolved, overrides: list[str], train: Callable[[Resolved],
             from grpocli.rundir import RunDir, stopped_run
 
             raise Stopped(stop.signum, kept=stopped_run(RunDir(resolved.output_dir()))) from None
-    sys.exit(code)
+    if code:
+        sys.exit(code)
+
+
+def reports_the_run() -> bool:
+    """Whether this process tells the user how the run ended: the one the user started, or the main
+    process of a launcher grpo did not start (torchrun, MPI); not one of the processes grpo launched."""
+    return LAUNCHED not in os.environ and _global_rank() == 0
 
 
 def _lock(resolved: Resolved):

@@ -30,7 +30,7 @@ def find(name_or_path: str) -> Path:
     recipes = builtin()
     if name_or_path in recipes:
         return recipes[name_or_path]
-    if path.suffix == ".toml" or "/" in name_or_path:
+    if path.suffix in (".toml", ".yaml", ".yml", ".json", ".py") or "/" in name_or_path:
         what = f"no recipe file at {name_or_path}"
     else:
         what = f"no built-in recipe named {name_or_path!r}{did_you_mean(name_or_path, recipes)}"

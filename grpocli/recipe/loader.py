@@ -82,7 +82,11 @@ def load_recipe(
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """['train.steps=3', 'data.args={num_samples=10}'] -> nested dict; values parse as TOML."""
+    """['train.steps=3', 'data.args={num_samples=10}'] -> nested dict; values parse as TOML. Another
+    command line's shape (`learning_rate=1e-6`, `--learning_rate 1e-6`) gets grpo's spelling."""
+    from grpocli.recipe.override_hints import check_override_shapes
+
+    check_override_shapes(args)
     out: dict[str, Any] = {}
     for arg in args:
         key, sep, raw = arg.partition("=")
@@ -168,9 +172,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raw = path.read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read the recipe: {exc.strerror}", where=str(path)) from None
+    text = _decode_utf8(raw, path)
     try:
-        values = tomllib.loads(_decode_utf8(raw, path))
+        values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        from grpocli.recipe.foreign import foreign_config
+
+        foreign = foreign_config(path, text)  # a TRL config (YAML, JSON, .py): the command that imports it
+        if foreign is not None:
+            raise foreign from None
         raise UserError(
             f"this is not valid TOML: {exc}",
             where=str(path),

@@ -136,7 +136,7 @@ class Loop:
         self.s.parallel.doing(self.s.state.step + (0 if done else 1), what)
 
     def run(self) -> None:
-        s, r, state = self.s, self.s.recipe, self.s.state
+        r, state = self.s.recipe, self.s.state
         if r.eval.on_start and state.step == 0 and self.evaluation is not None and not self.steps_only:
             self.maybe_evaluate(since=-1)  # TRL's eval_on_start
         self.observed_at = time.perf_counter()
@@ -159,8 +159,7 @@ class Loop:
             if not self.steps_only:
                 self.maybe_evaluate(since=cycle_start)
                 self.maybe_checkpoint()
-            self.maybe_stop()
-        s.progress.note(f"done: {state.step} steps; run directory {s.run.root}")
+            self.maybe_stop()  # `grpo train` ends a finished run with its summary (grpocli.inspection.run_summary)
 
     # -- phases 1-4 ----------------------------------------------------------------------
     def generate(self) -> Batch:

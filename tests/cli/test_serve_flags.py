@@ -89,3 +89,24 @@ def test_the_command_holds_every_flag_trls_own_would():
 def test_bad_values_are_refused_before_vllm_loads(grpo, tmp_path, flags, needles):
     out = grpo("vllm-serve", "--model", str(tmp_path), *flags)  # refused before the model is even looked at
     assert_clean_error(out, *needles)
+
+
+def test_bool_flags_take_a_value_as_trl_vllm_serve_does(grpo):
+    """TRL's parser gives a bool flag its value in the next word (`--enforce_eager True`); in either
+    spelling, with `=` or without, and the bare flag still means true."""
+    on = _printed(grpo, "--enforce_eager", "True", "--enable_prefix_caching", "false", "--trust-remote-code=1",
+                  "--trust_request_chat_template", "YES", "--", "--max-num-seqs", "8")
+    assert "--enforce-eager" in on and "--no-enable-prefix-caching" in on and "--trust-remote-code" in on
+    assert "--trust-request-chat-template" in on and on[-2:] == ["--max-num-seqs", "8"]
+    assert "True" not in on and "false" not in on and "YES" not in on  # taken as values, not passed on to vLLM
+    off = _printed(grpo, "--enforce-eager=false", "--enable-prefix-caching", "t", "--trust_remote_code", "0",
+                   "--port", "8001")
+    assert "--enforce-eager" not in off and "--trust-remote-code" not in off  # false, though on a CPU
+    assert "--enable-prefix-caching" in off and _value(off, "--port") == "8001"
+    bare = _printed(grpo, "--trust_remote_code", "--enforce-eager")
+    assert "--trust-remote-code" in bare and "--enforce-eager" in bare
+
+
+def test_a_bool_flag_refuses_a_value_that_is_not_true_or_false(grpo, tmp_path):
+    out = grpo("vllm-serve", "--model", str(tmp_path), "--enforce_eager", "maybe")
+    assert_clean_error(out, "--enforce_eager takes true or false, not 'maybe'", "yes/true/t/y/1", "--no-enforce-eager")

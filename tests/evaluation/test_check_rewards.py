@@ -18,7 +18,17 @@ from grpocli.evaluation.probes import Format, build_probes, detect_format, parse
 from grpocli.evaluation.reward_audit import check_rewards
 
 USER_REWARDS = '''
+import re
+
 SEEN = []
+
+
+def reasoning_steps_reward(completions, **kwargs):
+    """open-r1's reasoning_steps_reward, as it is: 'Step 1:', numbered or bulleted lines, 'First,' ..."""
+    pattern = r"(Step \\d+:|^\\d+\\.|\\n-|\\n\\*|First,|Second,|Next,|Finally,)"
+    completion_contents = [completion[0]["content"] for completion in completions]
+    matches = [len(re.findall(pattern, content)) for content in completion_contents]
+    return [min(1.0, count / 3) for count in matches]
 
 
 def constant(prompts, completions, **kwargs):
@@ -149,6 +159,18 @@ def test_constant_and_raising_rewards_exit_2(user_files, grpo):
     assert "warn length: length alone" in done.stdout
     assert "rewards[0] (constant), rewards[1] (boom)" in done.stderr and "Traceback" not in done.stderr
     assert "[[rewards]] entry 1" in done.stderr  # the failure's own advice, with boom's real index
+
+
+def test_a_sound_reward_no_probe_exercises_is_said_so_and_exits_0(user_files, grpo):
+    """No probe writes reasoning steps, so open-r1's reward scores them all 0; extra completions that do
+    move it, so it is "not exercised" (a warning), not "constant" (exit 2)."""
+    done = grpo("check-rewards", "quickstart", *TINY_MODEL, f"data.dataset='{user_files / 'conv.jsonl'}'",
+                "data.args={}", "--rows", "3", 'rewards=[{name="user_rewards.py:reasoning_steps_reward"}]',
+                cwd=user_files, env={"HF_DATASETS_CACHE": str(user_files / "cache")})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("warn reasoning_steps_reward:"))
+    assert line.startswith("warn reasoning_steps_reward: not exercised: scored 0 on every probe completion"), line
+    assert "'reasoning steps' 1" in line and "--sample N" in line and "constant" not in line
 
 
 def test_bad_answer_column(user_files):
