@@ -9,8 +9,12 @@ import typer
 HELP = """Write a recipe from a TRL GRPOConfig that trains as TRL would.
 
 CONFIG is a YAML or JSON of GRPOConfig fields (what `trl grpo --config` takes, script arguments
-such as model_name_or_path, dataset_name and reward_funcs included) or a Python file that builds a
-GRPOConfig (run in this process with __name__ != "__main__": import only files you would run).
+such as model_name_or_path, dataset_name and reward_funcs included, open-r1's recipes too) or a TRL
+training script. A script runs in a child process as `python SCRIPT.py ARGS` would (ARGS: what follows
+--), its code for real, with stand-ins for what would train or download: GRPOTrainer records its
+arguments and does not train, load_dataset and from_pretrained record names, and the network is off.
+Import only scripts you would run. Reward functions defined in the script are copied, with its imports,
+functions and constants, to OUTPUT_rewards.py beside the recipe.
 
 The recipe sets TRL's conventions, writes TRL's defaults where grpo's differ, does TRL's batch
 arithmetic (prompts_per_step = per_device_train_batch_size x gradient_accumulation_steps x
@@ -22,6 +26,8 @@ Examples:
   grpo import trl grpo_config.yaml -o recipe.toml
 
   grpo import trl train_grpo.py -o recipe.toml --num-processes 8
+
+  grpo import trl grpo.py -o recipe.toml -- --config config_demo.yaml
 """
 
 imports = typer.Typer(
@@ -42,13 +48,14 @@ def trl(
     num_processes: int = typer.Option(1, "--num-processes", min=1, max=1024,
                                       help="TRL's world size (accelerate's --num_processes): the batch counts it."),
     force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
+    script_args: list[str] = typer.Argument(None, help="After --: the script's own arguments (e.g. --config x.yaml)."),
 ) -> None:
     from grpocli.errors import UserError
-    from grpocli.recipe.trl_config_file import read_config
+    from grpocli.recipe.trl_config_file import read_source
     from grpocli.recipe.trl_import import convert
 
     out = Path(output)
-    fields = read_config(config)  # a bad value or an oversized file stops here: nothing is written
+    fields, notes = read_source(config, script_args or [])  # a bad value or a failing script stops here: nothing is written
     if out.exists() and not force:
         raise UserError(f"{out} exists", valid="a new file, or --force to overwrite it",
                         hint=f"grpo import trl {config} -o {out} --force")
@@ -57,14 +64,47 @@ def trl(
     except UserError as exc:  # a value TRL's arithmetic refuses: named with the file
         raise UserError(exc.what, where=f"{config}: {exc.where}" if exc.where else config, valid=exc.valid,
                         hint=exc.hint) from None
+    prefix, copied = _script_rewards(recipe, Path(config), out)
     header = (f"# Imported from the TRL config {config} by `grpo import trl` (num_processes {num_processes}).\n"
               "# TRL's conventions and TRL's defaults where grpo's differ are written out; see docs/coming-from-trl.md "
               "(Coming from TRL).\n")
     text = header + toml_text(recipe, config)
     for line in lines:
-        typer.echo(line.render())
-    write_checked(text, out, config)
+        typer.echo(line.render().replace("'__script__:", f"'{prefix}:"))
+    for note in notes:
+        typer.echo(f"{'script':<11} {note}")
+    try:
+        if copied:
+            copied()
+        write_checked(text, out, config)
+    except BaseException:
+        if copied:
+            _rewards_file(out).unlink(missing_ok=True)
+        raise
     typer.echo(f"wrote {out}; next: grpo train {out} --dry-run")
+
+
+def _rewards_file(out: Path) -> Path:
+    return out.with_name(f"{out.stem}_rewards.py")
+
+
+def _script_rewards(recipe: dict, script: Path, out: Path):
+    """Reward functions defined in the script: their names become OUTPUT_rewards.py:function (relative
+    to the working directory, as grpo reads them); returns that file's name and the call that writes it
+    (None when the script defines none)."""
+    import os
+
+    from grpocli.recipe.trl_script import copy_rewards
+
+    entries = [e for e in recipe.get("rewards", []) if e["name"].startswith("__script__:")]
+    if not entries:
+        return "", None
+    target = _rewards_file(out)
+    where = os.path.relpath(target) if not os.path.relpath(target).startswith("..") else str(target.resolve())
+    for e in entries:
+        e["name"] = f"{where}:{e['name'].split(':', 1)[1]}"
+    names = [e["name"].rsplit(":", 1)[1] for e in entries]
+    return where, lambda: copy_rewards(script, target, names)
 
 
 def toml_text(recipe: dict, config: str) -> str:

@@ -79,9 +79,12 @@ def render_prompt(messages: Messages, tokenizer: Any, use_chat_template: bool,
 
 
 def render_row(row: dict[str, Any], data: DataSection, tokenizer: Any) -> dict[str, Any]:
-    """The row with ``prompt`` (for rewards) and ``prompt_text`` (for the policy) set."""
+    """The row with ``prompt`` (for rewards) and ``prompt_text`` (for the policy) set. With data.system_prompt the
+    rewards get the messages, as TRL's do after open-r1's make_conversation (so completions come as messages too)."""
     messages = build_messages(row, data)
     prompt = row[data.prompt_column] if data.prompt_column in row else messages[-1]["content"]
+    if data.system_prompt is not None and data.template is None and isinstance(prompt, str):
+        prompt = messages
     text = render_prompt(messages, tokenizer, uses_chat_template(row, data), data.chat_template_kwargs)
     return {**row, "prompt": prompt, "prompt_text": text}
 

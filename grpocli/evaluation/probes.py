@@ -48,6 +48,7 @@ REWARD_FORMATS = {
     "grpocli.rewards.builtin:format_strict": ("think", "answer"),
     "grpocli.rewards.builtin:format_soft": ("think", "answer"),
     "grpocli.rewards.builtin:format_answer_tag": ("answer",),
+    "grpocli.rewards.builtin:format_tag_count": ("think", "answer"),
     "trl.rewards.format_rewards:think_format_reward": ("think",),
     "trl.rewards.accuracy_rewards:accuracy_reward": ("boxed",),
     "trl.rewards.accuracy_rewards:reasoning_accuracy_reward": ("think", "boxed"),

@@ -74,6 +74,9 @@ def launch(resolved: Resolved, overrides: list[str], train: Callable[[Resolved],
             return
         _check_run_dir(resolved)  # once, here: not n times
         if n != resolved.recipe.train.num_processes:
+            if resolved.source_of("train.num_processes") != default_source():
+                _note(f"accelerate was asked for {n} processes; the recipe says train.num_processes = "
+                      f"{resolved.recipe.train.num_processes}. " + batch_on(resolved, n))
             overrides = [*_without_num_processes(overrides), f"train.num_processes={n}"]
         try:
             code = _accelerate_launch(resolved, overrides, n)
@@ -186,9 +189,20 @@ def _adopt_world_size(resolved: Resolved, world: int) -> Resolved:
         return resolved
     if resolved.source_of("train.num_processes") != default_source() and os.environ.get("RANK", "0") == "0":
         _note(f"the launcher started {world} processes; train.num_processes = {t.num_processes} "
-              f"({resolved.source_of('train.num_processes')}) does not apply")
+              f"({resolved.source_of('train.num_processes')}) does not apply. " + batch_on(resolved, world))
     _check_prompts_divide(resolved, world, "the launcher's process count")
     return with_train(resolved, "num_processes", world, "launcher")
+
+
+def batch_on(resolved: Resolved, m: int) -> str:
+    """What a step holds on ``m`` processes for a recipe written for train.num_processes = N (as `grpo import
+    trl --num-processes N` writes it): grpo's step keeps its prompts, TRL's per-device batch would not."""
+    t = resolved.recipe.train
+    p, n = t.prompts_per_step, t.num_processes
+    trl = f"{p * m // n}" if (p * m) % n == 0 else f"{p * m / n:g}"
+    return (f"A step keeps train.prompts_per_step = {p} prompts over all {m} processes ({p / m:g} each); "
+            f"TRL's per-device batch written for {n} would give {trl} on {m}: set train.prompts_per_step={trl} "
+            "for TRL's")
 
 
 def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:

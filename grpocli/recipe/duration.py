@@ -17,9 +17,14 @@ from typing import Any
 from grpocli.recipe.loader import DEFAULT, Resolved
 
 
-def epoch_steps(epochs: float, rows: int, prompts_per_step: int) -> int:
-    """Optimizer steps for ``epochs`` passes over ``rows`` prompts, ``prompts_per_step`` a step (at least 1)."""
-    return max(1, math.ceil(epochs * rows / prompts_per_step))
+def epoch_steps(epochs: float, rows: int, prompts_per_step: int, steps_per_generation: int = 1,
+                num_iterations: int = 1) -> int:
+    """Optimizer steps for ``epochs`` passes over ``rows`` prompts, as TRL counts them (at least 1): an epoch
+    is the whole generation batches of prompts_per_step x steps_per_generation prompts it holds (TRL's
+    RepeatSampler drops the rest), each trained on for steps_per_generation x num_iterations optimizer steps;
+    transformers then takes ceil(epochs x steps per epoch)."""
+    batches = rows // (prompts_per_step * steps_per_generation)
+    return max(1, math.ceil(epochs * batches * steps_per_generation * num_iterations))
 
 
 def warmup_steps(ratio: float, steps: int) -> int:
@@ -39,9 +44,14 @@ def resolve_duration(resolved: Resolved, rows: int, saved: dict[str, Any] | None
             notes.append(f"train.steps = {t.steps} ({resolved.source_of('train.steps')}) wins over "
                          f"train.num_train_epochs = {t.num_train_epochs:g}, as TRL's max_steps does")
         else:
-            steps = update["steps"] = epoch_steps(t.num_train_epochs, rows, t.prompts_per_step)
-            notes.append(f"train.num_train_epochs = {t.num_train_epochs:g} over {rows} rows at "
-                         f"{t.prompts_per_step} prompts a step: train.steps = {steps}")
+            mu = resolved.recipe.algorithm.num_iterations
+            steps = update["steps"] = epoch_steps(t.num_train_epochs, rows, t.prompts_per_step,
+                                                  t.steps_per_generation, mu)
+            notes.append(f"train.num_train_epochs = {t.num_train_epochs:g} over {rows} rows: "
+                         f"{rows // (t.prompts_per_step * t.steps_per_generation)} generation batches of "
+                         f"{t.prompts_per_step} x {t.steps_per_generation} prompts an epoch, each "
+                         f"{t.steps_per_generation} x {mu} (num_iterations) optimizer steps, as TRL: "
+                         f"train.steps = {steps}")
     if t.warmup_ratio > 0 and t.warmup_steps == 0:
         kept = (saved or {}).get("warmup_steps") if (saved or {}).get("warmup_ratio") == t.warmup_ratio else None
         update["warmup_steps"] = kept if isinstance(kept, int) else warmup_steps(t.warmup_ratio, steps)

@@ -25,8 +25,8 @@ class TrainSection(Section):
     steps: int = Field(100, ge=1, description="Optimizer steps.", json_schema_extra=FREE_ON_RESUME)
     num_train_epochs: float | None = Field(
         None, gt=0.0, le=100000.0,
-        description="Passes over the training split instead of train.steps: steps = ceil(epochs x rows / "
-        "prompts_per_step), worked out once the split loads and recorded as train.steps in config.resolved.toml. "
+        description="Passes over the training split instead of train.steps, counted as TRL counts them: steps = "
+        "ceil(epochs x whole generation batches in the split x steps_per_generation x algorithm.num_iterations), worked out once the split loads and recorded as train.steps in config.resolved.toml. "
         "As TRL (max_steps wins): a train.steps set in the recipe, the environment or an argument wins and this "
         "is ignored, with a note.",
         json_schema_extra=FREE_ON_RESUME,

@@ -1,12 +1,9 @@
 """Reading a TRL GRPOConfig for `grpo import trl`: a YAML or JSON of its fields (what
 `trl grpo --config` takes), or a Python file that builds a GRPOConfig.
 
-A Python file is executed in this process (no subprocess), in a fresh namespace whose
-``__name__`` is not ``"__main__"``, so a ``if __name__ == "__main__":`` block that starts training
-does not run. It is code: import only files you would run. While it runs, GRPOConfig (from trl,
-trl.trainer or trl.trainer.grpo_config) records the arguments it is built with instead of building
-(TrainingArguments' device checks would refuse TRL's bf16 default on a machine without a GPU);
-the file must build exactly one.
+A Python file is a training script: it runs in a child process as `python SCRIPT.py ARGS` would, with
+stand-ins for training, downloads and the network (grpocli.recipe.trl_script says what is stubbed).
+It is code: import only files you would run.
 
 What is read is bounded: a file over ``MAX_CONFIG_BYTES`` is refused before it is read, and a
 config holding more than ``MAX_VALUES`` values once YAML's aliases are expanded (a 412-byte alias
@@ -17,7 +14,6 @@ checked against the type TRL gives its field (grpocli.recipe.trl_types).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -31,8 +27,14 @@ VALID = ("a YAML or JSON file of GRPOConfig fields (as `trl grpo --config` takes
          "GRPOConfig")
 
 
-def read_config(path: str | Path) -> dict[str, Any]:
+def read_config(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """The TRL fields the file sets, by name, each value of the type TRL gives it (UserError otherwise)."""
+    return read_source(path, args)[0]
+
+
+def read_source(path: str | Path, args: list[str] | tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The TRL fields the file sets (checked as read_config) and notes on what a script did that no field
+    says; ``args``: a script's own command-line arguments."""
     from grpocli.recipe.trl_types import check_fields
 
     path = Path(path)
@@ -42,13 +44,22 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if size > MAX_CONFIG_BYTES:
         raise UserError(f"{path} is {size:,} bytes: larger than a GRPOConfig's fields take", valid=f"{VALID}, "
                         f"at most {MAX_CONFIG_BYTES:,} bytes", hint="is it the config file? " + HINT)
-    data = _from_python(path) if path.suffix == ".py" else _from_text(path)
+    notes: list[str] = []
+    if path.suffix == ".py":
+        from grpocli.recipe.trl_script import script_fields
+
+        data, notes = script_fields(path, list(args))
+    elif args:
+        raise UserError(f"arguments after {path} ({' '.join(args)}) are a script's, and {path} is no script",
+                        valid="arguments after -- only with a .py file", hint=HINT)
+    else:
+        data = _from_text(path)
     values = count_values(data, MAX_VALUES + 1)
     if values > MAX_VALUES:
         raise UserError(f"{path} holds more than {MAX_VALUES:,} values once its YAML aliases (*name) are expanded "
                         "(or a value that holds itself)", valid=f"{VALID}, of at most {MAX_VALUES:,} values",
                         hint="write the values out instead of nesting aliases, or check the file is a GRPOConfig")
-    return check_fields(data, str(path), from_text=path.suffix != ".py")
+    return check_fields(data, str(path), from_text=path.suffix != ".py"), notes
 
 
 def _from_text(path: Path) -> dict[str, Any]:
@@ -85,42 +96,3 @@ def count_values(data: Any, limit: int) -> int:
         elif isinstance(value, (list, tuple, set)):
             stack.extend(value)
     return count
-
-
-def _from_python(path: Path) -> dict[str, Any]:
-    try:
-        import trl
-        import trl.trainer
-        from trl.trainer import grpo_config
-    except ImportError:
-        raise UserError(f"reading {path} needs TRL (it builds a GRPOConfig)", valid=VALID,
-                        hint="pip install trl, or write the fields as YAML") from None
-    real = grpo_config.GRPOConfig
-    order = [f.name for f in dataclasses.fields(real) if f.init]
-    built: list[dict[str, Any]] = []
-
-    def recorded(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Stands in for GRPOConfig while the file runs: keeps the arguments it is built with (so no
-        device check of TrainingArguments refuses bf16 on a machine without a GPU)."""
-        fields = {**dict(zip(order, args)), **kwargs}
-        built.append(fields)
-        return fields
-
-    namespace: dict[str, Any] = {"__name__": "__grpo_import__", "__file__": str(path)}
-    homes = (trl, trl.trainer, grpo_config)
-    for home in homes:
-        home.GRPOConfig = recorded
-    try:
-        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # noqa: S102 - the user's file
-    except SystemExit as exc:
-        raise UserError(f"{path} called sys.exit({exc.code}) while it was read", valid=VALID, hint=HINT) from None
-    except Exception as exc:  # noqa: BLE001 - whatever the user's file raises is said, not a traceback
-        raise UserError(f"{path} raised {type(exc).__name__}: {exc}", valid=VALID, hint=HINT) from None
-    finally:
-        for home in homes:
-            home.GRPOConfig = real
-    if len(built) != 1:
-        raise UserError(f"{path} built {len(built)} GRPOConfig objects when it ran; `grpo import trl` reads one",
-                        valid="a file that builds one GRPOConfig at import (outside `if __name__ == \"__main__\"`)",
-                        hint="move `args = GRPOConfig(...)` to module level, or write its fields as YAML")
-    return built[0]

@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from grpocli.errors import UserError
+from grpocli.recipe.openr1_names import OPENR1_FIELDS
+from grpocli.recipe.reward_import import REWARD_FIELDS
+from grpocli.recipe.reward_import import rewards as _rewards
 from grpocli.recipe.schema import TrainSection
-from grpocli.recipe.trl_names import TRL_DEFAULTS, TRL_FIELDS
+from grpocli.recipe.trl_names import INHERITED, TRL_DEFAULTS, TRL_FIELDS
 
 #: TRL's conventions, which grpo's defaults differ from (docs/algorithm.md, "TRL's conventions").
 CONVENTIONS = {
@@ -37,12 +40,12 @@ SCRIPT_FIELDS = {
     "dataset_name": "data.dataset",
     "dataset_train_split": "data.split",
     "dataset_test_split": "data.eval_split",
+    "use_peft": "model.lora.enabled",
+    "lora_r": "model.lora.r",
+    "lora_alpha": "model.lora.alpha",
+    "lora_dropout": "model.lora.dropout",
+    "lora_target_modules": "model.lora.target_modules",
 }
-#: trl grpo's reward_funcs registry names -> their functions in trl.rewards.
-TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
-#: trl grpo's registry entry that is a factory's product: get_soft_overlong_punishment(1280, 256).
-TRL_FACTORY_REWARDS = {"get_soft_overlong_punishment": "max_completion_len=1280, soft_punish_cache=256"}
-REWARD_FIELDS = ("reward_funcs", "reward_weights", "reward_model_name_or_path")
 BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
          "generation_batch_size", "num_generations")
 SCHEDULERS = get_args(TrainSection.model_fields["lr_scheduler"].annotation)
@@ -156,8 +159,16 @@ def _field(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
             b.put(name, "mapped", SCRIPT_FIELDS[name], value)
     elif name in REWARD_FIELDS:
         return  # _rewards
+    elif name in OPENR1_FIELDS and name not in TRL_FIELDS:
+        key, note = OPENR1_FIELDS[name]
+        if key is None:
+            b.say(name, "ignored" if "carried as the args" in note else "unsupported", f"open-r1's field: {note}")
+        elif value is not None:
+            b.put(name, "mapped", key, value, f"open-r1's field: {note}")
+    elif name in INHERITED:
+        b.say(name, "ignored", "a TrainingArguments field TRL inherits: no grpo equivalent")
     elif name not in TRL_FIELDS:
-        b.say(name, "ignored", "not a GRPOConfig field of TRL 1.16 nor a `trl grpo` script argument grpo reads")
+        b.say(name, "ignored", "not a GRPOConfig field of TRL 1.16, nor a script argument of `trl grpo` or open-r1")
     elif TRL_FIELDS[name][0] is None:
         b.say(name, "unsupported", TRL_FIELDS[name][1])
     elif value is None:
@@ -221,7 +232,8 @@ def _report_to(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
 
 
 def _model_init_kwargs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
-    kwargs = dict(value or {"dtype": "auto"})  # transformers 5 infers the dtype, as TRL leaves it
+    named = f.get("dtype") or f.get("torch_dtype")  # ModelConfig's field says it
+    kwargs = dict(value or ({} if named else {"dtype": "auto"}))  # transformers 5 infers the dtype, as TRL leaves it
     for key, v in kwargs.items():
         key = "dtype" if key == "torch_dtype" else key
         if key in ("dtype", "attn_implementation", "trust_remote_code"):
@@ -231,8 +243,13 @@ def _model_init_kwargs(b: _Build, name: str, value: Any, f: dict[str, Any]) -> N
 
 
 def _vllm(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    paged = [n for n in ("use_transformers_paged", "use_transformers_continuous_batching") if f.get(n)]
+    if name in ("use_transformers_paged", "use_transformers_continuous_batching"):
+        return  # read with use_vllm
     if name == "use_vllm":
-        if value:
+        if paged and not value:
+            b.put(paged[0], "converted", "generation.backend", "paged", "transformers' paged generation")
+        elif value:
             backend = "vllm-server" if f.get("vllm_mode") == "server" else "vllm"
             b.put(name, "converted", "generation.backend", backend, f"vllm_mode = {f.get('vllm_mode', 'colocate')!r}")
         else:
@@ -251,6 +268,29 @@ def _vllm(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
         b.put(name, "converted", "vllm.server_url", f"http://{host}:{f.get('vllm_server_port', 8000)}")
     elif name == "vllm_enable_sleep_mode" and value:
         b.put(name, "converted", "vllm.sleep_mode", 2, "TRL's sleep mode is vLLM's level 2")
+
+
+def _resume(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    if value is True:
+        b.put(name, "converted", "train.resume", "auto", "true: the newest checkpoint in train.output_dir")
+    elif isinstance(value, str) and value:
+        b.put(name, "mapped", "train.resume", value, "that checkpoint")
+
+
+def _save_steps(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    if f.get("save_strategy", "steps") == "steps":
+        b.put(name, "mapped", "train.save_steps", value)
+
+
+def _save_strategy(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
+    epochs = f.get("num_train_epochs") or 3.0
+    if value == "no":
+        b.put(name, "converted", "train.save_steps", 0, "no checkpoints during the run; grpo still saves at the end")
+    elif value == "epoch" and (f.get("max_steps") or -1) <= 0 and epochs <= 1:
+        b.put(name, "converted", "train.save_steps", 0, "one epoch: a checkpoint at its end")
+    elif value == "epoch":
+        b.say(name, "unsupported", "'epoch' with more than one epoch: set train.save_steps to the steps of an epoch "
+              "(`grpo train RECIPE --dry-run` prints train.steps)")
 
 
 def _epsilon(b: _Build, name: str, value: Any, f: dict[str, Any]) -> None:
@@ -288,7 +328,9 @@ def _log_completions(b: _Build, name: str, value: Any, f: dict[str, Any]) -> Non
     if name == "num_completions_to_print":
         return  # with log_completions
     if value:
-        b.put(name, "converted", "log.rollouts_every", f.get("logging_steps") or 10, "every logging_steps")
+        every = f.get("logging_steps") or 10
+        every = int(every) if every >= 1 else 10  # TRL's float below 1 is a ratio of the steps
+        b.put(name, "converted", "log.rollouts_every", every, "every logging_steps")
         shown = f.get("num_completions_to_print") or 8
         b.put(name, "converted", "log.completions_to_print", shown,
               "num_completions_to_print, or 8 where TRL prints them all")
@@ -315,35 +357,9 @@ _SPECIAL = {
     "scale_rewards": _scale_rewards, "multi_objective_aggregation": _aggregation, "sync_ref_model": _ref_sync,
     "ref_model_sync_steps": _ref_sync, "ref_model_mixup_alpha": _ref_sync, "use_bias_correction_kl": _bias_kl,
     "log_completions": _log_completions, "num_completions_to_print": _log_completions, "generation_kwargs": _generation_kwargs,
+    "resume_from_checkpoint": _resume, "save_strategy": _save_strategy, "save_steps": _save_steps, "use_transformers_paged": _vllm,
+    "use_transformers_continuous_batching": _vllm,
 }
-
-
-def _rewards(b: _Build, f: dict[str, Any]) -> None:
-    """[[rewards]] from reward_model_name_or_path and reward_funcs (trl grpo's order), with reward_weights."""
-    given = ([f["reward_model_name_or_path"]] if f.get("reward_model_name_or_path") else []) + list(
-        f.get("reward_funcs") or [])
-    weights = f.get("reward_weights")
-    if weights and len(weights) != len(given):
-        b.say("reward_weights", "unsupported", f"{len(weights)} weights for {len(given)} rewards: set weight on "
-              "each [[rewards]] entry")
-        weights = None
-    entries = []
-    for i, n in enumerate(given):
-        if n in TRL_FACTORY_REWARDS:
-            b.say("reward_funcs", "unsupported", f"{n!r} is trl grpo's {n}({TRL_FACTORY_REWARDS[n]}), a function "
-                  "that builds the reward: write a module with `reward = " + f"{n}({TRL_FACTORY_REWARDS[n]})` and "
-                  "name it in [[rewards]] name = \"module:reward\"")
-            continue
-        name = ("trl.rewards:" + n) if n in TRL_REWARDS else ":".join(n.rsplit(".", 1)) if "." in n and (
-            i or not f.get("reward_model_name_or_path")) else n
-        entries.append({"name": name, **({"weight": weights[i]} if weights else {})})
-    if entries:
-        b.keys["rewards"] = entries
-        b.say("reward_funcs", "mapped", "[[rewards]] " + "; ".join(
-            f"name = {e['name']!r}" + (f", weight = {e['weight']}" if "weight" in e else "") for e in entries))
-    else:
-        b.say("reward_funcs", "unsupported", "the config names no reward function: add [[rewards]] name = "
-              "\"module:function\" (or \"file.py:function\") to the recipe")
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:

@@ -8,12 +8,16 @@ The keys' own meaning, bounds and defaults stay in the schema (grpocli.recipe.sc
 
 from __future__ import annotations
 
+HUB = ("grpo does not push: after the run, `grpo export RUN_DIR -o DIR` then `hf upload HUB_ID DIR` "
+       "(docs/coming-from-trl.md, Pushing to the Hub)")
+
 TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     # --- TrainingArguments that a GRPO run sets ---
     "output_dir": ("train.output_dir", ""),
     "max_steps": ("train.steps",
                   "optimizer steps, as TRL's; TRL's default -1 (num_train_epochs 3 over the data); grpo's 100"),
-    "num_train_epochs": ("train.num_train_epochs", "steps = ceil(epochs x rows / prompts_per_step); a train.steps "
+    "num_train_epochs": ("train.num_train_epochs", "steps = ceil(epochs x generation batches x steps_per_generation x "
+                         "num_iterations), as TRL; a train.steps "
                          "set in the recipe wins, as TRL's max_steps; TRL's default 3; grpo's none (train.steps)"),
     "learning_rate": ("train.learning_rate", ""),
     "lr_scheduler_type": ("train.lr_scheduler", "constant, linear, cosine, constant_with_warmup; TRL's default linear; "
@@ -43,7 +47,21 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "logging_steps": (None, "every step is logged to metrics.jsonl"),
     "report_to": ("log.report_to", "a name or a list, 'none', 'all'; keys train/... and eval/... as TRL's"),
     "eval_steps": ("eval.every", ""),
-    "resume_from_checkpoint": ("train.resume", ""),
+    "resume_from_checkpoint": ("train.resume", "true: 'auto' (the newest checkpoint in output_dir); a path: that "
+                               "checkpoint"),
+    "save_strategy": ("train.save_steps", "TRL's default 'steps': save_steps; 'no': 0 (grpo still saves at the end); 'epoch': 0 "
+                      "(at the end) with one epoch, else set train.save_steps to the steps of an epoch"),
+    "eval_on_start": ("eval.on_start", ""),
+    "ddp_timeout": ("train.collective_timeout", "seconds a process waits for the others"),
+    "push_to_hub": (None, HUB),
+    "hub_model_id": (None, HUB),
+    "run_name": (None, "trackers name the run themselves (WANDB_NAME sets wandb's)"),
+    "overwrite_output_dir": (None, "train.resume = 'auto' continues the run in output_dir; 'never' refuses a "
+                             "non-empty one"),
+    "gradient_checkpointing_kwargs": (None, "grpo checkpoints with use_reentrant = false, as TRL's default"),
+    "logging_strategy": (None, "every step is logged to metrics.jsonl"),
+    "logging_first_step": (None, "every step is logged to metrics.jsonl"),
+    "do_eval": (None, "eval.every and eval.split evaluate during a run; `grpo eval` after it"),
     # --- GRPOConfig: model and data ---
     "model_init_kwargs": ("model.dtype", "dtype and attn_implementation are keys of [model]; TRL's default dtype "
                           "'auto' (transformers 5); grpo's float32"),
@@ -73,9 +91,10 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "generation_kwargs": ("generation.stop", "stop strings; other sampling keys are [generation] keys"),
     "cache_implementation": (None, "transformers' default cache"),
     "ds3_gather_for_generation": (None, "always on: ZeRO-3 weights are gathered whole for a weight sync (TRL's default)"),
-    "use_transformers_continuous_batching": (None, "not supported"),
-    "transformers_continuous_batching_config": (None, "not supported"),
-    "use_transformers_paged": (None, "not supported"),
+    "use_transformers_continuous_batching": ("generation.backend", "TRL's default false; true: 'paged' (transformers' continuous "
+                                             "batching)"),
+    "transformers_continuous_batching_config": (None, "grpo's paged backend sets its own"),
+    "use_transformers_paged": ("generation.backend", "TRL's default false; true: 'paged' (transformers' paged attention)"),
     # --- GRPOConfig: vLLM ---
     "use_vllm": ("generation.backend", "'vllm' (colocate) or 'vllm-server'; false: 'hf' (TRL's default; grpo's "
                  "is 'auto', the fastest backend installed)"),
@@ -141,6 +160,25 @@ TRL_FIELDS: dict[str, tuple[str | None, str]] = {
     "log_unique_prompts": (None, "rollouts hold every prompt"),
     "log_completions_hub_repo": (None, "no hub uploads"),
 }
+
+
+#: The other TrainingArguments fields GRPOConfig inherits (transformers 5): none has a grpo equivalent.
+INHERITED = frozenset("""
+lr_scheduler_kwargs optim optim_args adam_epsilon optim_target_modules average_tokens_across_devices
+label_smoothing_factor bf16_full_eval fp16_full_eval tf32 torch_compile torch_compile_backend torch_compile_mode
+use_liger_kernel liger_kernel_config use_cache neftune_noise_alpha torch_empty_cache_steps auto_find_batch_size
+log_on_each_node logging_nan_inf_filter include_num_input_tokens_seen log_level log_level_replica disable_tqdm
+project trackio_space_id trackio_bucket_id trackio_static_space_id eval_strategy eval_delay per_device_eval_batch_size
+prediction_loss_only eval_do_concat_batches eval_use_gather_object eval_accumulation_steps include_for_metrics
+batch_eval_metrics save_only_model save_on_each_node enable_jit_checkpoint hub_token hub_private_repo hub_strategy
+hub_always_push hub_revision load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip
+restore_callback_states_from_checkpoint full_determinism data_seed use_cpu accelerator_config parallelism_config
+dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers
+dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order remove_unused_columns label_names
+train_sampling_strategy length_column_name ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers
+ddp_static_graph ddp_backend fsdp fsdp_config deepspeed debug skip_memory_metrics do_train do_predict local_rank
+torch_dtype_auto per_gpu_train_batch_size per_gpu_eval_batch_size evaluation_strategy logging_dir
+""".split()) - set(TRL_FIELDS)
 
 
 #: TRL 1.16's defaults that `grpo import trl` writes out when a config leaves them unset: each

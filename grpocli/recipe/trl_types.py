@@ -32,7 +32,7 @@ from grpocli.errors import UserError
 HINT = "fix the value in the config (`grpo inspect fields --trl {name}` says what the field does)"
 _TRUE, _FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # transformers' string_to_bool
 DICT_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs",
-               "transformers_continuous_batching_config")  # GRPOConfig._VALID_DICT_FIELDS: JSON text is read
+               "transformers_continuous_batching_config", "gradient_checkpointing_kwargs")  # GRPOConfig._VALID_DICT_FIELDS: JSON text is read
 
 Json = dict[str, Any]
 TRL_TYPES: dict[str, Any] = {
@@ -43,7 +43,10 @@ TRL_TYPES: dict[str, Any] = {
     "fp16": bool, "gradient_checkpointing": bool, "per_device_train_batch_size": int,
     "gradient_accumulation_steps": int, "save_steps": float, "save_total_limit": int | None,
     "logging_steps": float, "report_to": str | list[str] | None, "eval_steps": float | None,
-    "resume_from_checkpoint": str | None,
+    "resume_from_checkpoint": str | bool | None, "save_strategy": str, "eval_on_start": bool, "ddp_timeout": int,
+    "push_to_hub": bool, "hub_model_id": str | None, "run_name": str | None, "overwrite_output_dir": bool,
+    "gradient_checkpointing_kwargs": Json | None, "logging_strategy": str, "logging_first_step": bool,
+    "do_eval": bool,
     # --- GRPOConfig: model and data ---
     "model_init_kwargs": Json | None, "trust_remote_code": bool, "router_aux_loss_coef": float | None,
     "disable_dropout": bool, "cast_lm_head_to_fp32": bool, "shuffle_dataset": bool | None,
@@ -80,11 +83,14 @@ TRL_TYPES: dict[str, Any] = {
     "model_name_or_path": str | None, "dtype": str | None, "attn_implementation": str | None,
     "dataset_name": str | None, "dataset_train_split": str, "dataset_test_split": str,
     "reward_model_name_or_path": str | None, "reward_funcs": list[str] | None,
+    "use_peft": bool, "lora_r": int, "lora_alpha": int, "lora_dropout": float, "lora_target_modules": list[str] | None,
 }
 #: Fields typed unlike TRL's annotation, and why (tests allow exactly these to differ).
 DIFFERS = {
     "num_generations": "TRL's int | None fails on None (GRPOConfig.__post_init__ divides by it)",
     "scale_rewards": "TRL's str also takes true / false, as its docs say (__post_init__: 'group' / 'none')",
+    "resume_from_checkpoint": "TRL's str | None; Trainer.train(resume_from_checkpoint=True) resumes from the newest "
+                              "checkpoint, and scripts pass the field to it",
     **dict.fromkeys(DICT_FIELDS, "TRL's dict | str | None: text starting with { is read as JSON (as TrainingArguments "
                                  "reads it), other text is no mapping to import"),
 }

@@ -70,6 +70,13 @@ def format_answer_tag(prompts: list, completions: list, **kwargs: Any) -> list[f
     return out
 
 
+def format_tag_count(prompts: list, completions: list, **kwargs: Any) -> list[float]:
+    """0.25 for each of <think>\\n, \\n</think>\\n, \\n<answer>\\n, \\n</answer> found exactly once (open-r1's
+    tag_count_reward): partial credit on the way to format.strict."""
+    marks = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+    return [sum(0.25 for m in marks if completion_text(c).count(m) == 1) for c in completions]
+
+
 def reasoning_steps(prompts: list, completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:
     """Share of min_steps step markers found ('Step 1:', '1.', bullets, 'First,'), capped at 1 (open-r1)."""
     if min_steps < 1:
@@ -220,6 +227,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "format.strict": format_strict,
     "format.soft": format_soft,
     "format.answer_tag": format_answer_tag,
+    "format.tag_count": format_tag_count,
     "reasoning.steps": reasoning_steps,
     "length": length,
     "arithmetic.exact": arithmetic_exact,

@@ -55,8 +55,10 @@ class Rollouts:
         return len(self.rows)
 
     def prompts(self, column: str) -> list[Any]:
-        """The original prompt of each completion ([B*G]), as rewards receive it."""
-        return [row[column] for row in self.rows for _ in range(self.group_size)]
+        """The prompt of each completion ([B*G]) as rewards receive it: the row's rendered ``prompt``
+        (grpocli.data.template.render_row: the column's value, or the messages data.system_prompt makes)."""
+        return [row["prompt"] if "prompt_text" in row else row[column] for row in self.rows
+                for _ in range(self.group_size)]
 
     def columns(self, exclude: tuple[str, ...]) -> dict[str, list[Any]]:
         """Every other dataset column, one value per completion ([B*G] each)."""

@@ -100,10 +100,13 @@ def test_chat_template_that_rejects_system_role_names_the_key(tokenizer):
     assert err.value.where == "data.chat_template"
 
 
-def test_rendered_row_keeps_the_original_prompt_for_rewards(tokenizer):
+def test_rendered_row_gives_rewards_the_prompt_as_trl_would(tokenizer):
+    row = render_row({"prompt": "1+1=", "answer": 2}, DataSection(), tokenizer)
+    assert row["prompt"] == "1+1=" and row["answer"] == 2  # a text prompt stays text
     data = DataSection(system_prompt="S")
     row = render_row({"prompt": "1+1=", "answer": 2}, data, tokenizer)
-    assert row["prompt"] == "1+1=" and row["answer"] == 2
+    # a system prompt makes a conversation, as open-r1's make_conversation does before TRL's rewards see it
+    assert row["prompt"] == [{"role": "system", "content": "S"}, {"role": "user", "content": "1+1="}]
     assert row["prompt_text"].endswith("<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n")
     conversational = render_row({"prompt": MESSAGES}, data, tokenizer)
     assert conversational["prompt"] == MESSAGES  # as TRL passes conversational prompts

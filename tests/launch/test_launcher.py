@@ -285,3 +285,17 @@ def test_one_process_launcher_on_one_gpu_stops(under_accelerate, monkeypatch):
     with pytest.raises(UserError, match="accelerate launch --cpu --num_processes 2 -m grpocli.cli.app train"):
         launch_module.launch(load_recipe("quickstart", []), [], not_here)
     assert started == []
+
+
+def test_a_recipe_for_two_processes_launched_on_four_says_the_prompts_each_gives(capsys, monkeypatch):
+    """`grpo import trl --num-processes 2` writes train.num_processes = 2; torchrun with 4 keeps grpo's step."""
+    from grpocli.launch import launcher
+    from grpocli.recipe import load_recipe
+
+    monkeypatch.setenv("RANK", "0")
+    resolved = load_recipe(None, ["train.num_processes=2", "train.prompts_per_step=8"])
+    adopted = launcher._adopt_world_size(resolved, 4)
+    assert adopted.recipe.train.num_processes == 4 and adopted.recipe.train.prompts_per_step == 8
+    said = capsys.readouterr().err
+    assert "train.prompts_per_step = 8 prompts over all 4 processes (2 each)" in said
+    assert "would give 16 on 4: set train.prompts_per_step=16 for TRL's" in said

@@ -38,21 +38,18 @@ CONFIGS = {
                                      "num_iterations": 2, "max_steps": 6, "warmup_steps": 0.25},
     "accum1-spg2-constant-warmup": {"steps_per_generation": 2, "max_steps": 4,
                                     "lr_scheduler_type": "constant_with_warmup", "warmup_steps": 1},
+    # num_train_epochs (max_steps -1): TRL counts whole generation batches x steps_per_generation x num_iterations
+    "epochs1-accum2": {"gradient_accumulation_steps": 2, "max_steps": -1, "num_train_epochs": 1, "rows": 8},
+    "epochs2-accum2-mu2": {"gradient_accumulation_steps": 2, "max_steps": -1, "num_train_epochs": 2,
+                           "num_iterations": 2, "rows": 4, "lr_scheduler_type": "cosine"},
+    "epochs1.5-spg4-mu2-ragged": {"gradient_accumulation_steps": 2, "steps_per_generation": 4, "max_steps": -1,
+                                  "num_train_epochs": 1.5, "num_iterations": 2, "rows": 5},
+    "max_steps-wins-over-epochs": {"max_steps": 3, "num_train_epochs": 5, "rows": 4, "warmup_steps": 0.5},
+    # 2 processes of 1 completion a micro-batch: TRL's count is its 1-process count at 2 a micro-batch (the
+    # global batch and the sampler are the same; accelerate shards each batch over the processes)
+    "processes2-accum2": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 4,
+                          "processes": 2},
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from grpocli.models.tiny import build_tiny_model
-    from grpocli.models.tokenizer import build_char_tokenizer
-    from grpocli.recipe.schema import TinyModel
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_char_tokenizer()
-    build_tiny_model(TinyModel(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer,
-                     seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture
@@ -63,6 +60,19 @@ def reward_module(tmp_path, monkeypatch):
 
     yield trl_import_reward
     sys.modules.pop("trl_import_reward", None)
+
+
+#: The optimizer steps each config trains, worked out by hand as TRL counts them.
+STEPS = {"accum4-mu2-cosine-warmup": 5, "accum2-spg4-mu2-warmup-ratio": 6, "accum1-spg2-constant-warmup": 4,
+         "epochs1-accum2": 4,               # 8 rows / 2 prompts a step
+         "epochs2-accum2-mu2": 8,           # 2 epochs x 2 batches of 2 prompts x 2 iterations
+         "epochs1.5-spg4-mu2-ragged": 6,    # 5 rows: 1 whole batch of 4 prompts x 2 steps x 2 iterations; x 1.5
+         "max_steps-wins-over-epochs": 3, "processes2-accum2": 4}
+
+
+def _prompts(fields):
+    rows = [{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)]
+    return rows[:fields.get("rows", len(rows))]
 
 
 def _trl_run(fields, model_dir, out, reward):
@@ -77,10 +87,12 @@ def _trl_run(fields, model_dir, out, reward):
         def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
             lrs.append(optimizer.param_groups[0]["lr"])
 
-    args = {k: v for k, v in fields.items() if k != "reward_funcs"}
+    args = {k: v for k, v in fields.items() if k not in ("reward_funcs", "rows", "processes")}
+    if fields.get("processes", 1) > 1:  # one process of the same global batch (see CONFIGS)
+        args["per_device_train_batch_size"] *= fields["processes"]
     config = GRPOConfig(output_dir=str(out), report_to="none", save_strategy="no", logging_steps=1,
                         use_cpu=True, disable_tqdm=True, **args)
-    data = Dataset.from_list([{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)])
+    data = Dataset.from_list(_prompts(fields))
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward.count, args=config, train_dataset=data,
                           callbacks=[LearningRates()])
     reward.SEEN.clear()
@@ -92,17 +104,20 @@ def _grpo_run(fields, model_dir, tmp_path, reward):
     from grpocli.recipe import load_recipe
     from grpocli.trainer.loop import train
 
-    out = tmp_path / "trl.yaml"
-    out.write_text(json.dumps({**fields, "model_name_or_path": str(model_dir)}))
+    out = tmp_path / "trl.json"
+    config = {k: v for k, v in fields.items() if k not in ("rows", "processes")}
+    out.write_text(json.dumps({**config, "model_name_or_path": str(model_dir)}))
     recipe = tmp_path / "imported.toml"
-    result = run_grpo("import", "trl", str(out), "-o", str(recipe))
+    result = run_grpo("import", "trl", str(out), "-o", str(recipe), "--num-processes", str(fields.get("processes", 1)))
     assert result.returncode == 0, result.stderr
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}="}) + "\n" for a in range(8) for b in range(8)))
+    data.write_text("".join(json.dumps(row) + "\n" for row in _prompts(fields)))
     reward.SEEN.clear()
     run = tmp_path / "grpo-run"
+    # grpo's prompts_per_step is over all processes: one process trains the same steps (train.num_processes=1)
     train(load_recipe(str(recipe), [f"data.dataset='{data}'", f"train.output_dir='{run}'", "log.progress=none",
-                                    "log.rollouts_every=0", "train.save_steps=0", "train.torch_threads=1"]))
+                                    "log.rollouts_every=0", "train.save_steps=0", "train.torch_threads=1",
+                                    "train.num_processes=1"]))
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return list(reward.SEEN), [m["learning_rate"] for m in metrics], result.stdout
 
@@ -115,7 +130,7 @@ def test_imported_recipe_trains_as_trl(name, tiny_model_dir, reward_module, tmp_
     trl_rounds, trl_lrs = _trl_run(fields, tiny_model_dir, tmp_path / "trl-run", reward_module)
     grpo_rounds, grpo_lrs, printed = _grpo_run(fields, tiny_model_dir, tmp_path, reward_module)
     assert grpo_rounds == trl_rounds, printed  # the optimizer step at which each round generated
-    assert len(grpo_lrs) == len(trl_lrs) == fields["max_steps"]
+    assert len(grpo_lrs) == len(trl_lrs) == STEPS[name]
     assert grpo_lrs == pytest.approx(trl_lrs, rel=1e-9, abs=1e-15), printed
 
 
@@ -223,27 +238,27 @@ def test_grpo_import_trl_command(tmp_path):
 
 
 def test_grpo_import_trl_reads_a_python_file(tmp_path):
-    """In this process (TRL is imported once here; the command runs the same read_config)."""
+    """read_config as the command runs it (the script in a child process)."""
     pytest.importorskip("trl", reason="TRL is not installed (pip install 'grpocli[bench]')")
     from grpocli.recipe.trl_config_file import read_config
 
     script = tmp_path / "train_grpo.py"
     script.write_text(textwrap.dedent("""
         from trl import GRPOConfig
+        from trl import GRPOTrainer
         args = GRPOConfig(output_dir="out", gradient_accumulation_steps=4, per_device_train_batch_size=2,
                           num_generations=2, max_steps=8, lr_scheduler_type="cosine")
         if __name__ == "__main__":
-            raise SystemExit("training starts here")
+            GRPOTrainer(model="some/model", reward_funcs="some/reward-model", args=args).train()  # a stand-in
     """))
-    fields = read_config(script)  # the arguments it built GRPOConfig with, on a machine without bf16 too
+    fields = read_config(script)  # what it built GRPOConfig with, on a machine without bf16 too
     assert fields == {"output_dir": "out", "gradient_accumulation_steps": 4, "per_device_train_batch_size": 2,
-                      "num_generations": 2, "max_steps": 8, "lr_scheduler_type": "cosine"}
+                      "num_generations": 2, "max_steps": 8, "lr_scheduler_type": "cosine",
+                      "model_name_or_path": "some/model", "reward_funcs": ["some/reward-model"]}
     recipe, _ = convert(fields, num_processes=2)
     assert recipe["train"]["prompts_per_step"] == 2 * 4 * 2 // 2 and recipe["train"]["lr_scheduler"] == "cosine"
     twice = tmp_path / "two.py"
     twice.write_text("from trl import GRPOConfig\na = GRPOConfig(output_dir='a')\nb = GRPOConfig(output_dir='b')\n")
     with pytest.raises(UserError, match="built 2 GRPOConfig"):
         read_config(twice)
-    import trl
-
-    assert trl.GRPOConfig.__name__ == "GRPOConfig"  # put back
+    assert "trl" not in sys.modules or sys.modules["trl"].GRPOConfig.__post_init__.__name__ == "__post_init__"

@@ -100,7 +100,7 @@ def test_recipe_args_refuses_names_that_are_no_args() -> None:
 def test_builtins_accept_their_args_and_not_the_columns_they_read() -> None:
     accepted = {name: accepted_args(fn) for name, fn in BUILTIN_REWARDS.items()}
     assert accepted == {
-        "format.strict": set(), "format.soft": set(), "format.answer_tag": set(),
+        "format.strict": set(), "format.soft": set(), "format.answer_tag": set(), "format.tag_count": set(),
         "reasoning.steps": {"min_steps"}, "length": {"target", "normalize", "target_length"},
         "arithmetic.exact": set(), "countdown.equation": {"format_score"},
         "math.accuracy": {"answer_column"},

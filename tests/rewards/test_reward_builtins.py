@@ -210,3 +210,28 @@ def test_a_completion_crafted_for_the_tag_readers_is_read_in_linear_time(crafted
     format_answer_tag([""], [crafted])
     last_boxed(crafted)
     assert time.perf_counter() - started < 0.5
+
+
+def _openr1_tag_count_reward(completions, **kwargs):
+    """open-r1's tag_count_reward (src/open_r1/rewards.py), as written there."""
+    def count_tags(text: str) -> float:
+        count = 0.0
+        if text.count("<think>\n") == 1:
+            count += 0.25
+        if text.count("\n</think>\n") == 1:
+            count += 0.25
+        if text.count("\n<answer>\n") == 1:
+            count += 0.25
+        if text.count("\n</answer>") == 1:
+            count += 0.25
+        return count
+    return [count_tags(completion[0]["content"]) for completion in completions]
+
+
+def test_format_tag_count_is_open_r1s_tag_count_reward():
+    texts = ["<think>\na\n</think>\n<answer>\n1\n</answer>", "<think>\na\n</think>\n<answer>1</answer>",
+             "<think>a</think><answer>1</answer>", "<think>\n<think>\nx\n</think>\n", "", "\n</answer>"]
+    messages = [[{"role": "assistant", "content": t}] for t in texts]
+    ours = builtin.format_tag_count([""] * len(texts), messages)
+    assert ours == _openr1_tag_count_reward(messages) == [1.0, 0.5, 0.0, 0.25, 0.0, 0.25]
+    assert builtin.format_tag_count([""] * len(texts), texts) == ours  # text completions too

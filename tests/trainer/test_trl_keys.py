@@ -103,7 +103,7 @@ def test_train_steps_set_in_the_recipe_wins_over_epochs_as_trl_max_steps():
     assert resolved.recipe.train.steps == 5 and resolved.recipe.train.warmup_steps == 1
     assert "wins over train.num_train_epochs" in notes[0]
     derived, _ = resolve_duration(load_recipe(None, ["train.num_train_epochs=2", "train.prompts_per_step=8"]), rows=100)
-    assert derived.recipe.train.steps == 25  # ceil(2 x 100 / 8)
+    assert derived.recipe.train.steps == 24  # as TRL: 2 epochs x 12 whole batches of 8 (TRL drops the 4 left)
     kept, _ = resolve_duration(load_recipe(None, ["train.warmup_ratio=0.5", "train.warmup_steps=3"]), rows=100)
     assert kept.recipe.train.warmup_steps == 3  # as TRL: warmup_steps above 0 wins
     longer = load_recipe(None, ["train.warmup_ratio=0.1", "train.steps=200"])
