@@ -8,7 +8,7 @@ The keys' own meaning, bounds and defaults stay in the schema (grpocli.recipe.sc
 
 from __future__ import annotations
 
-HUB = ("grpo does not push: after the run, `grpo export RUN_DIR -o DIR` then `hf upload HUB_ID DIR` "
+HUB = ("grpo does not push: after the run, `grpo export RUN_DIR DIR` then `hf upload HUB_ID DIR` "
        "(docs/coming-from-trl.md, Pushing to the Hub)")
 
 TRL_FIELDS: dict[str, tuple[str | None, str]] = {
