@@ -16,4 +16,5 @@
     reward_serve.py   `grpo reward-serve`
     failures.py       failures of the machine rather than of grpo (a full disk, a read-only place, memory)
     shutdown.py       the exit: its code, never held open by a thread that hangs (a tool, judge, environment)
+    bool_flags.py     bool flags that take a value too (TRL's `--enforce_eager True`)
 """

@@ -12,4 +12,5 @@
     probes.py      `grpo check-rewards`: probe completions (gold, wrong, no format, empty, long, repeated)
     probe_scores.py  each reward's scores on the probes, and the flags they raise
     reward_audit.py  `grpo check-rewards RECIPE` end to end: the table, the flags, exit 2
+    extra_probes.py  a reward every probe scores alike: constant, or not exercised by the probes
 """

@@ -7,6 +7,7 @@ alerts.py        the rules that flag a failing run, read from its metrics (the t
 plot.py          metrics.png, and compare.png with several runs overlaid (matplotlib optional)
 comparison.py    `grpo compare RUN_A RUN_B [...]`: runs read side by side, config diff with sources, shared rollouts
 comparison_view.py  what `grpo compare` prints
+run_summary.py   the lines `grpo train` ends a finished run with (reward, time, the next command)
 
 Never imports torch, but for `grpo inspect data` (it loads the tokenizer through transformers).
 """

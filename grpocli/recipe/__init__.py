@@ -18,6 +18,12 @@
     trl_types.py          the type of each TRL field's value, checked (and read as `trl grpo --config` does)
     trl_config_file.py    a TRL GRPOConfig read from YAML or JSON (bounded), its values typed
     trl_import.py         `grpo import trl`: a GRPOConfig -> a recipe that trains as TRL would
+    reward_import.py      its [[rewards]] from reward_funcs names (TRL's, open-r1's, module paths) and weights
+    openr1_names.py       open-r1's fields and reward names, and what each becomes
+    trl_script.py         a TRL training script read as fields (what it built when it ran)
+    trl_script_run.py     the child process that runs the script with stand-ins and no network
+    foreign.py            a TRL config given to `grpo train`: named, with the import command
+    override_hints.py     TRL's command-line shapes (--learning_rate 1e-6) answered with the key meant
 
 Below every package but grpocli.algorithms (its variant tables name the accepted losses and
 estimators) and grpocli.errors; imports no torch, so `grpo --help` and `grpo inspect` stay light.

@@ -34,6 +34,11 @@ LORA = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout
 
 def run_script(path: Path, args: list[str]) -> dict[str, Any]:
     """What the script built when it ran (the child's record); UserError when it failed."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        raise UserError(f"reading {path} needs TRL, which the script imports", valid="TRL installed, or a YAML of "
+                        "the GRPOConfig fields", hint="pip install trl   (or: pip install 'grpocli[bench]')")
     with tempfile.TemporaryDirectory(prefix="grpo-import-") as tmp:
         out = Path(tmp) / "record.json"
         cmd = [sys.executable, "-m", "grpocli.recipe.trl_script_run", str(out), str(path), *args]
