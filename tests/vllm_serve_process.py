@@ -112,3 +112,39 @@ class StockServer(Server):
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", "{port}", "--dtype", "float32",
             "--max-model-len", str(max_model_len), "--enforce-eager", *args])
+
+
+class Replaceable:
+    """A module's shared server (or fleet: anything with ``stop()``), started when a test first asks
+    (``get``); a test that kills it says so (``killed``: it stops now) and the next test that asks gets a
+    new one, so that the tests after a killing one pass in any order (GRPO_TEST_ORDER), not only when the
+    killing test runs last. ``make()`` starts one, ``ready(it)`` waits for it; ``stop()`` ends them all.
+    A start that failed fails each later ``get`` at once, as a module fixture's error would."""
+
+    def __init__(self, make, ready) -> None:
+        self.make, self.ready = make, ready
+        self.live, self.started, self.error = None, [], None
+
+    def get(self):
+        if self.error is not None:
+            raise self.error
+        if self.live is None:
+            it = self.make()
+            self.started.append(it)  # stopped by stop() even when ready() fails
+            try:
+                self.ready(it)
+            except BaseException as exc:
+                self.error = exc
+                raise
+            self.live = it
+        return self.live
+
+    def killed(self) -> None:
+        if self.live is not None:
+            self.started.remove(self.live)
+            self.live.stop()
+            self.live = None
+
+    def stop(self) -> None:
+        for it in self.started:
+            it.stop()

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # every test needs the two en
 import torch
 from cli_runner import run_grpo
 from recording_proxy import RecordingProxy
-from vllm_serve_process import Server
+from vllm_serve_process import Replaceable, Server
 
 from grpocli.errors import UserError
 from grpocli.generation.base import Sampling
@@ -50,13 +50,25 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_dir, tmp_path_factory):
-    f = Fleet(tiny_dir, tmp_path_factory.mktemp("fleet"))
+def fleets(tiny_dir, tmp_path_factory):
+    """The module's fleet: one for every test, a new one after the test that kills a server (Replaceable)."""
+    made = Replaceable(lambda: Fleet(tiny_dir, tmp_path_factory.mktemp("fleet")), Fleet.wait)
     try:
-        f.wait()
-        yield f
+        yield made
     finally:
-        f.stop()
+        made.stop()
+
+
+@pytest.fixture
+def fleet(fleets):
+    return fleets.get()
+
+
+@pytest.fixture
+def fleet_to_kill(fleets):
+    """The module's fleet, for a test that kills one of its servers: the tests after it get a new fleet."""
+    yield fleets.get()
+    fleets.killed()
 
 
 def _recipe(urls, tiny_shape, output_dir, *extra):
@@ -143,8 +155,9 @@ def test_training_uses_both_servers_and_syncs_both(fleet, tiny_shape, tmp_path, 
     assert [(m["vllm/servers"], m["vllm/servers_dropped"]) for m in _metrics(tmp_path)] == [(2, 0), (2, 0)]
 
 
-def test_a_killed_server_stops_training_by_name_or_is_dropped(fleet, tiny_shape, tmp_path, monkeypatch, capfd,
+def test_a_killed_server_stops_training_by_name_or_is_dropped(fleet_to_kill, tiny_shape, tmp_path, monkeypatch, capfd,
                                                              greedy_reference):
+    fleet = fleet_to_kill
     from grpocli.generation.backends import build_backend
     from grpocli.trainer.loop import Loop
     from grpocli.trainer.session import Session

@@ -136,6 +136,16 @@ def _tiny(seed: int, tiny_shape: dict):
     return model.eval()
 
 
+def _serve_the_checkpoint_again(client, tiny_dir) -> None:
+    """Sends the served checkpoint's weights back over the client's group: a test that changed the weights
+    of the module's server leaves it as it found it (test_get_sequence_logprobs_match_transformers reads
+    the checkpoint's log-probs there, in whichever order the tests run)."""
+    from transformers import AutoModelForCausalLM
+
+    client.update_model_params(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32))
+    client.reset_prefix_cache()
+
+
 def _greedy(client, n_tokens: int = 10) -> list[list[int]]:
     return client.generate(PROMPT_IDS, n=1, temperature=0.0, max_tokens=n_tokens)["completion_ids"]
 
@@ -220,7 +230,7 @@ def test_unmodified_trl_client_stops_at_its_own_cuda_check(client):
         client.init_communicator(device="cpu")
 
 
-def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_shape, greedy_reference, http):
+def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_shape, greedy_reference, http, tiny_dir):
     """init_communicator, update_model_params, weight_update + update_named_param, a malformed update,
     reset_prefix_cache, close_communicator: greedy completions follow transformers on the sent weights."""
     client = gloo_trl(base_url=keyless_server.url, group_port=free_port(), connection_timeout=10)
@@ -253,7 +263,10 @@ def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_sha
         model.float()  # the same rounded values, as the engine holds them
         assert _greedy(client) == greedy_reference(model, PROMPT_IDS, 10)
     finally:
-        client.close_communicator()
+        try:
+            _serve_the_checkpoint_again(client, tiny_dir)
+        finally:
+            client.close_communicator()
         assert http("POST", keyless_server.url + "/shutdown_weight_transfer_engine", {})[0] == 200
 
 
@@ -266,7 +279,7 @@ def test_trl_weight_sync_over_gloo(keyless_server, gloo_trl, free_port, tiny_sha
         f"server on distinct devices), this machine has {torch.cuda.device_count()}")),
 ])
 def test_grpo_trainer_server_mode_trains_two_steps(transport, request, server_factory, monkeypatch, free_port,
-                                                   tmp_path, tiny_shape, greedy_reference, http):
+                                                   tmp_path, tiny_shape, greedy_reference, http, tiny_dir):
     """TRL's GRPOTrainer(use_vllm=True, vllm_mode="server") against grpo vllm-serve: two real steps, TRL's
     weight sync before each generation; then the server decodes like the TRL-trained model."""
     from datasets import Dataset
@@ -309,5 +322,9 @@ def test_grpo_trainer_server_mode_trains_two_steps(transport, request, server_fa
         assert any(not torch.equal(start[k], v) for k, v in trained.state_dict().items())  # it learned
         assert _greedy(client) == greedy_reference(trained, PROMPT_IDS, 10)
     finally:
-        client.close_communicator()
+        try:
+            if transport == "gloo":  # the module's server (nccl: one of its own)
+                _serve_the_checkpoint_again(client, tiny_dir)
+        finally:
+            client.close_communicator()
         http("POST", server.url + "/shutdown_weight_transfer_engine", {})

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.vllm
 
 from cli_runner import run_grpo  # noqa: E402
 from recording_proxy import RecordingProxy  # noqa: E402
-from vllm_serve_process import API_KEY, TINY, Server, free_port, tiny_checkpoint  # noqa: E402
+from vllm_serve_process import API_KEY, TINY, Replaceable, Server, free_port, tiny_checkpoint  # noqa: E402
 
 from grpocli.generation.base import Sampling  # noqa: E402
 
@@ -85,14 +85,31 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_dir, tmp_path_factory):
-    server = Server(tiny_dir, tmp_path_factory.mktemp("server") / "server.log", args=("--max-body-mb", "1"))
-    try:
+def plain_servers(tiny_dir, tmp_path_factory):
+    """The module's server: one for every test, a new one after the test that kills it (Replaceable)."""
+
+    def ready(server):
         server.wait(timeout=300)
         normal_generate_answers(server)
-        yield server
+
+    servers = Replaceable(lambda: Server(tiny_dir, tmp_path_factory.mktemp("server") / "server.log",
+                                         args=("--max-body-mb", "1")), ready)
+    try:
+        yield servers
     finally:
-        server.stop()
+        servers.stop()
+
+
+@pytest.fixture
+def plain(plain_servers):
+    return plain_servers.get()
+
+
+@pytest.fixture
+def plain_to_kill(plain_servers):
+    """The module's server, for a test that kills it: the tests after it get a new one."""
+    yield plain_servers.get()
+    plain_servers.killed()
 
 
 # -- bad flags: exit 2 before vLLM loads ------------------------------------------------------------
@@ -276,9 +293,9 @@ def test_runs_through_the_server_are_reproducible_and_resume_exactly(plain, tmp_
     assert len(seeds) == 4 and len(set(seeds)) == 4  # one per prompt and step
 
 
-# -- a server killed mid-sync (last: it kills the server) ---------------------------------------------------
+# -- a server killed mid-sync (last, so that the module starts one server; in another order a new one follows) --
 @pytest.mark.slow
-def test_a_server_killed_mid_sync_is_a_clear_error_naming_it(plain):
+def test_a_server_killed_mid_sync_is_a_clear_error_naming_it(plain_to_kill):
     """SIGKILL to the server (API process and engine) after 3 of a sync's buckets: the sync stops at once
     with the error that names the server, not a broadcast waiting for its peer."""
     import torch
@@ -290,6 +307,7 @@ def test_a_server_killed_mid_sync_is_a_clear_error_naming_it(plain):
     from grpocli.models import build_char_tokenizer, build_tiny_model
     from grpocli.recipe.schema import TinyModel
 
+    plain = plain_to_kill
     client = ServerClient(plain.url, timeout=60, api_key=API_KEY)
     fleet = ServerFleet([client])
     fleet.wait_until_ready()
