@@ -23,6 +23,7 @@ import enum
 import functools
 import inspect
 import json
+import os
 import runpy
 import socket
 import sys
@@ -141,8 +142,9 @@ def own_fields(cls: type) -> set[str]:
 
 
 def _same(value: Any, default: Any) -> bool:
-    """Equal, or both "off" (a parser gives None for a default "", False for a default "no")."""
-    return value == default or (not value and (not default or default == "no"))
+    """Equal, or both "off" (a parser gives None for a default "", False for a default "no"); a False or None
+    against a default None stays set (bf16=False is not GRPOConfig's bf16=None, which means true)."""
+    return value == default or (not value and default in ("", "no", [], ()))
 
 
 def describe(value: Any) -> Any:
@@ -292,7 +294,7 @@ def main(argv: list[str]) -> int:
     out, script, *args = argv
     install()
     sys.argv = [script, *args]
-    sys.path.insert(0, str(__import__("pathlib").Path(script).resolve().parent))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT.py` puts it first
     error = None
     try:
         runpy.run_path(script, run_name="__main__")

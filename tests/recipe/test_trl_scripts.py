@@ -68,6 +68,7 @@ def test_a_trlparser_script_with_a_yaml_and_its_own_rewards(tmp_path, monkeypatc
     train, model = recipe["train"], recipe["model"]
     assert (train["prompts_per_step"], train["steps"], train["warmup_steps"], train["resume"]) == (2, 20, 2, "auto")
     assert recipe["algorithm"]["num_iterations"] == 2 and train["lr_scheduler"] == "cosine"
+    assert "mixed_precision" not in train  # the YAML's bf16: false, not GRPOConfig's bf16 None (true)
     assert model["lora"] == {"enabled": True, "r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}
     assert [r["name"] for r in recipe["rewards"]] == ["recipe_rewards.py:answer_reward", "recipe_rewards.py:short_reward"]
     copied = (tmp_path / "recipe_rewards.py").read_text()
