@@ -8,6 +8,8 @@
     <run>/history/                   what earlier parts of the run ran with: config-until-step-N.toml
                                      (a resume that changed the recipe), attempt-K/ (a start from step 0
                                      that found metrics but no checkpoint: its metrics, config, rollouts)
+    <run>/discarded/rollback-K/      steps a train.guard rollback undid: rollback.json, their metrics,
+                                     rollouts, eval samples and checkpoints (grpocli.trainer.rollback)
 A checkpoint directory is complete exactly when it is named step-N: it is written as
 step-N.tmp and renamed at the end (an atomic rename), so a crash never leaves a
 complete-looking one behind. A disk can still damage one later (a truncated or deleted file),
@@ -91,6 +93,10 @@ class RunDir:
     @property
     def history(self) -> Path:
         return self.root / "history"
+
+    @property
+    def discarded(self) -> Path:
+        return self.root / "discarded"
 
     def keep_config(self, step: int, text: str) -> Path:
         """Keep the config steps up to ``step`` ran with (a resume changes config.resolved.toml)."""

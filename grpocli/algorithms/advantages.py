@@ -7,10 +7,15 @@ The scales follow TRL's `GRPOTrainer` (`scale_rewards` = "group" | "batch" | "no
 *unbiased* standard deviation (`torch.std`, Bessel's correction) and `eps = 1e-4` added to it.
 
 Every estimator (one entry each in grpocli.algorithms.variants.ADVANTAGES) has the same signature,
-`fn(rewards [B, G], eps=STD_EPS, *, components=None, weights=None) -> [B, G]`:
+`fn(rewards [B, G], eps=STD_EPS, *, components=None, weights=None, mask=None) -> [B, G]`:
 `components [B, G, R]` are the R rewards' own (unweighted) values, None/NaN counted as 0, and
 `weights [R]` their recipe weights. Only the entries marked `needs_components` read them;
 the others take the weighted total `rewards` only and ignore both.
+
+`mask [B, G]` bool (None: every sample counts) says which samples were scored: a False one (a
+reward failed on it: `[[rewards]] on_error = "mask"`) is left out of every mean and std, group
+and batch alike, and gets advantage 0; a group of one scored sample has std 0 (as G == 1). With
+mask None the numbers are exactly the unmasked formulas (TRL's).
 """
 
 from __future__ import annotations
@@ -21,26 +26,53 @@ import torch
 STD_EPS = 1e-4
 
 
-def _centered(rewards: torch.Tensor) -> torch.Tensor:
-    return rewards - rewards.mean(dim=1, keepdim=True)  # [B, G]
+def _weights(mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`mask [B, G]` as 0/1 in `values`' dtype, with trailing size-1 dims to broadcast against it."""
+    m = mask.to(values.dtype)
+    return m.view(*m.shape, *([1] * (values.dim() - m.dim())))
 
 
-def _group_std(values: torch.Tensor) -> torch.Tensor:
-    """Unbiased std over dim 1 (the group), kept as a size-1 dim; 0 where G == 1 (TRL)."""
+def _group_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over dim 1 (the group) of the scored samples, kept as a size-1 dim (0 where none is)."""
+    if mask is None:
+        return values.mean(dim=1, keepdim=True)
+    m = _weights(mask, values)
+    return (values * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1)
+
+
+def _centered(rewards: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    return rewards - _group_mean(rewards, mask)  # [B, G]
+
+
+def _group_std(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Unbiased std over dim 1 (the group) of the scored samples, kept as a size-1 dim; 0 where
+    fewer than 2 are (G == 1: TRL)."""
+    if mask is not None:
+        m = _weights(mask, values)
+        n = m.sum(dim=1, keepdim=True)
+        squares = (((values - _group_mean(values, mask)) * m) ** 2).sum(dim=1, keepdim=True)
+        return torch.where(n > 1, (squares / (n - 1).clamp(min=1)).sqrt(), torch.zeros_like(squares))
     if values.shape[1] > 1:
         return values.std(dim=1, keepdim=True)
     return torch.zeros_like(values[:, :1])
 
 
-def _whiten(values: torch.Tensor, eps: float) -> torch.Tensor:
-    """`(x - mean) / (std + eps)` over every element; the std is unbiased, 0 for one element."""
-    std = values.std() if values.numel() > 1 else values.new_zeros(())  # []
-    return (values - values.mean()) / (std + eps)
+def _whiten(values: torch.Tensor, eps: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` over every (scored) element; the std is unbiased, 0 for one element."""
+    scored = values if mask is None else values[mask]  # [B*G] or fewer
+    std = scored.std() if scored.numel() > 1 else values.new_zeros(())  # []
+    mean = scored.mean() if scored.numel() else values.new_zeros(())  # []
+    return (values - mean) / (std + eps)
+
+
+def _unscored_zero(adv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Advantage 0 for the samples the mask leaves out."""
+    return adv if mask is None else torch.where(mask, adv, torch.zeros_like(adv))  # [B, G]
 
 
 def group_scaled_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO (DeepSeekMath, arXiv:2402.03300): `(r - mean_g) / (std_g + eps)` per group.
 
@@ -50,12 +82,12 @@ def group_scaled_advantages(
     """
     del components, weights
     rewards = rewards.float()  # [B, G]
-    return _centered(rewards) / (_group_std(rewards) + eps)
+    return _unscored_zero(_centered(rewards, mask) / (_group_std(rewards, mask) + eps), mask)
 
 
 def batch_scaled_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Center by the group mean, divide by the std of all rewards in the batch.
 
@@ -65,13 +97,14 @@ def batch_scaled_advantages(
     """
     del components, weights
     rewards = rewards.float()  # [B, G]
-    std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())  # []
-    return _centered(rewards) / (std + eps)
+    scored = rewards if mask is None else rewards[mask]  # [B*G] or fewer
+    std = scored.std() if scored.numel() > 1 else rewards.new_zeros(())  # []
+    return _unscored_zero(_centered(rewards, mask) / (std + eps), mask)
 
 
 def centered_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", arXiv:2503.20783): `r - mean_g`.
 
@@ -80,12 +113,12 @@ def centered_advantages(
     this function under the recipe name "centered". `components` and `weights` are ignored.
     """
     del eps, components, weights
-    return _centered(rewards.float())
+    return _unscored_zero(_centered(rewards.float(), mask), mask)
 
 
 def rloo_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RLOO (Ahmadian et al., "Back to Basics", arXiv:2402.14740; TRL's `RLOOTrainer`).
 
@@ -97,6 +130,11 @@ def rloo_advantages(
     """
     del eps, components, weights
     rewards = rewards.float()  # [B, G]
+    if mask is not None:  # the baseline: the mean of the group's other scored rewards
+        m = mask.to(rewards.dtype)
+        n = m.sum(dim=1, keepdim=True)                                            # [B, 1]
+        baseline = ((rewards * m).sum(dim=1, keepdim=True) - rewards) / (n - 1).clamp(min=1)  # [B, G]
+        return _unscored_zero(torch.where(n > 1, rewards - baseline, torch.zeros_like(rewards)), mask)
     g = rewards.shape[1]
     if g < 2:
         return torch.zeros_like(rewards)
@@ -106,7 +144,7 @@ def rloo_advantages(
 
 def reinforce_pp_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ with baseline (Hu et al., arXiv:2501.03262; verl's `reinforce_plus_plus_baseline`).
 
@@ -119,12 +157,12 @@ def reinforce_pp_advantages(
     the other entries. `components` and `weights` are ignored.
     """
     del components, weights
-    return _whiten(_centered(rewards.float()), eps)
+    return _unscored_zero(_whiten(_centered(rewards.float(), mask), eps, mask), mask)
 
 
 def normalize_then_sum_advantages(
     rewards: torch.Tensor, eps: float = STD_EPS, *, components: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GDPO (Liu et al., NVIDIA, "GDPO: Group reward-Decoupled Normalization Policy Optimization
     for Multi-reward RL Optimization", arXiv:2601.05242; NVlabs/GDPO's TRL implementation).
@@ -155,18 +193,23 @@ def normalize_then_sum_advantages(
     w = values.new_ones(r) if weights is None else torch.as_tensor(weights, dtype=torch.float32)  # [R]
     if w.shape != (r,):
         raise ValueError(f"weights must have one entry per component ({r}), got {list(w.shape)}")
-    normed = (values - values.mean(dim=1, keepdim=True)) / (_group_std(values) + eps)  # [B, G, R]
-    return _whiten((normed * w).sum(dim=-1), eps)  # [B, G]
+    normed = (values - _group_mean(values, mask)) / (_group_std(values, mask) + eps)  # [B, G, R]
+    return _unscored_zero(_whiten((normed * w).sum(dim=-1), eps, mask), mask)  # [B, G]
 
 
-def zero_spread_groups(rewards: torch.Tensor, atol: float = 1e-6) -> torch.Tensor:
-    """`bool [B]`: True where all G rewards of a prompt are equal within `atol`.
+def zero_spread_groups(rewards: torch.Tensor, atol: float = 1e-6, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`bool [B]`: True where all G rewards of a prompt (its scored ones, `mask [B, G]`) are equal
+    within `atol`; with a mask, also where fewer than 2 are scored (no spread to learn from).
 
     Such groups give zero advantage and no gradient (TRL logs their share as
     `frac_reward_zero_std`; DAPO's dynamic sampling drops them).
     """
-    spread = rewards.max(dim=1).values - rewards.min(dim=1).values  # [B]
-    return spread <= atol
+    if mask is None:
+        spread = rewards.max(dim=1).values - rewards.min(dim=1).values  # [B]
+        return spread <= atol
+    high = torch.where(mask, rewards, torch.full_like(rewards, -torch.inf)).max(dim=1).values  # [B]
+    low = torch.where(mask, rewards, torch.full_like(rewards, torch.inf)).min(dim=1).values    # [B]
+    return (mask.sum(dim=1) < 2) | (high - low <= atol)
 
 
 def overlong_penalty(

@@ -38,6 +38,8 @@ def bench(
                                         help="Every completion exactly max_completion_length tokens (EOS suppressed)."),
     only_steps: bool = typer.Option(False, "--only-steps", help="Do not time an evaluation and a checkpoint."),
     timeout: float = typer.Option(600, "--timeout", min=10, help="--vs-trl: seconds each trial may take."),
+    gpu_memory: str = typer.Option(None, "--gpu-memory", help="Memory of each GPU to check the advice against, "
+                                   "e.g. 80GiB (default: the CUDA device's; on a CPU none, said so)."),
 ) -> None:
     started = time.perf_counter()
     from grpocli.recipe import load_recipe
@@ -54,22 +56,28 @@ def bench(
         else:
             typer.echo(text(out))
         return
+    from grpocli.cli.plan import parse_memory
+
+    memory = parse_memory(gpu_memory, "grpo bench RECIPE --gpu-memory") if gpu_memory else None
     _measure(recipe, resolved, overrides, steps=steps, started=started, as_json=as_json, forced=forced_lengths,
-             extras=not only_steps)
+             extras=not only_steps, gpu_memory=memory)
 
 
 def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started: float, as_json: bool,
-             forced: bool, extras: bool) -> None:
+             forced: bool, extras: bool, gpu_memory: int | None = None) -> None:
     import contextlib
+    import shlex
     import shutil
     import sys
     import tempfile
+    from pathlib import Path
 
     from grpocli.benchmark.forecast import forecast
     from grpocli.benchmark.measurement import measure
     from grpocli.benchmark.peak import matmul_peak
     from grpocli.benchmark.report import figures, text
     from grpocli.recipe import load_recipe
+    from grpocli.rundir import read_jsonl
 
     r = resolved.recipe
     scratch = tempfile.mkdtemp(prefix="grpo-bench-")
@@ -79,6 +87,7 @@ def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started
                                      "log.progress=none", "log.report_to=[]", "train.resume=never"])
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the figures only (libraries' logs go to stderr)
             m = measure(bench, started=started, extras=extras, forced=forced)
+        history = read_jsonl(Path(scratch) / "run" / "metrics.jsonl")  # the steps' lines, for the bottleneck
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if r.train.num_processes > 1:
@@ -89,7 +98,25 @@ def _measure(recipe: str, resolved, overrides: list[str], *, steps: int, started
     fc = forecast(m, steps=r.train.steps, max_completion_length=r.generation.max_completion_length,
                   eval_every=r.eval.every, save_steps=r.train.save_steps)
     f = figures(resolved.name, m, peak, fc)
-    typer.echo(json.dumps(f) if as_json else text(f))
+    found = _bottleneck(history, r, m.device, gpu_memory, recipe=recipe)
+    if as_json:
+        typer.echo(json.dumps({**f, "bottleneck": found.as_dict() if found else None}))
+        return
+    lines = found.lines(command=shlex.join(["grpo", "bench", recipe]), given=overrides) if found else []
+    typer.echo("\n".join([text(f), *([""] if lines else []), *lines]))
+
+
+def _bottleneck(history: list[dict], r, device: str, memory: int | None, *, recipe: str):
+    """The measured steps' bottleneck and what to turn, checked by the plan on --gpu-memory's size, else
+    this CUDA device's; None where no step was recorded."""
+    from grpocli.planning.headroom import diagnose
+
+    if memory is None and device.startswith("cuda"):
+        import torch
+
+        memory = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return diagnose(history, r, gpu_memory=memory, gpus=r.train.num_processes, gpu=device.startswith("cuda"),
+                    memory_hint=f"grpo bench {recipe} ... --gpu-memory 80GiB")
 
 
 def _dtype(name: str):

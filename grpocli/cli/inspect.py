@@ -18,7 +18,9 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
 
-  grpo inspect runs/quickstart            a training run (metrics, warnings, metrics.png)
+  grpo inspect runs/quickstart            a training run (metrics, warnings, metrics.png, the bottleneck)
+
+  grpo inspect runs/quickstart --gpu-memory 80GiB   ... and whether each change it advises fits the GPU
 
   grpo inspect runs/quickstart --rollouts 20   best and worst rollouts of step 20
 """
@@ -36,6 +38,8 @@ def inspect(
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write RUN_DIR/metrics.png (needs matplotlib)."),
     trl: str = typer.Option(None, "--trl", help="`inspect fields`: the recipe keys for TRL GRPOConfig fields "
                             "whose names contain this."),
+    gpu_memory: str = typer.Option(None, "--gpu-memory", help="RUN_DIR: memory of each GPU the run had, e.g. 80GiB: "
+                                   "the Bottleneck section asks grpo plan whether each change fits (loads torch)."),
 ) -> None:
     from grpocli.errors import UserError
     from grpocli.inspection import views
@@ -59,6 +63,37 @@ def inspect(
         else:
             views.show_data(args[0], args[1:], n=n)
     else:
+        from grpocli.cli.plan import parse_memory
         from grpocli.inspection.overview import show_run
 
+        # a bad size fails before anything prints
+        memory = parse_memory(gpu_memory, "grpo inspect RUN_DIR --gpu-memory") if gpu_memory else None
         show_run(what, rollouts_step=rollouts, n=n, write_png=plot)
+        if rollouts is None:
+            show_bottleneck(what, memory)
+
+
+def show_bottleneck(path: str, memory: int | None) -> None:
+    """The run's Bottleneck section: the phase that bounds its steps and what to turn (grpocli.planning.headroom);
+    nothing where no step records its phases."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from grpocli.errors import UserError
+    from grpocli.planning.headroom import diagnose
+    from grpocli.recipe import load_recipe
+    from grpocli.rundir import RunDir, read_jsonl
+
+    run = RunDir(path)
+    try:
+        recipe = load_recipe(str(run.config)).recipe if run.config.exists() else None
+    except UserError:
+        recipe = None  # a recipe this version no longer reads: the phases alone
+    found = diagnose(read_jsonl(run.metrics), recipe, gpu_memory=memory,
+                     memory_hint=f"grpo inspect {path} --gpu-memory 80GiB")
+    if found is None:
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    console.rule("bottleneck")
+    for line in found.lines(command=f"grpo bench {run.config}" if recipe is not None else None):
+        console.print(escape(line))

@@ -64,16 +64,17 @@ def plan(
         raise not_fitting(result, where="grpo plan")
 
 
-def parse_memory(text: str) -> int:
-    """Bytes of '80GiB', '80GB', '24G', '1.5TiB', '512MiB' (binary for G/GiB, decimal for GB)."""
+def parse_memory(text: str, where: str = "grpo plan --gpu-memory") -> int:
+    """Bytes of '80GiB', '80GB', '24G', '1.5TiB', '512MiB' (binary for G/GiB, decimal for GB); `where`: the
+    option, for the error."""
     from grpocli.errors import UserError
 
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text or "")
     unit = match.group(2).lower() if match else None
     if not match or unit not in UNITS or float(match.group(1)) <= 0:
-        raise UserError(f"cannot read {text!r} as an amount of memory", where="grpo plan --gpu-memory",
+        raise UserError(f"cannot read {text!r} as an amount of memory", where=where,
                         valid="a positive number with a unit: 80GiB, 80GB, 24G, 512MiB, 1TiB",
-                        hint="grpo plan RECIPE --gpu-memory 80GiB")
+                        hint=f"{where} 80GiB")
     return int(float(match.group(1)) * UNITS[unit])
 
 

@@ -1,5 +1,5 @@
 """`grpo eval` and evaluation during training: sample, score with the recipe's rewards, pass@k;
-`grpo check-rewards`: the rewards on probe completions before training.
+`grpo check-rewards`: the rewards on probe completions before training (and during it).
 
     estimators.py  pass@k (Chen et al. 2021), mean@N, maj@N: pure functions
     answers.py     the final answer of a completion, for majority voting
@@ -13,4 +13,5 @@
     probe_scores.py  each reward's scores on the probes, and the flags they raise
     reward_audit.py  `grpo check-rewards RECIPE` end to end: the table, the flags, exit 2
     extra_probes.py  a reward every probe scores alike: constant, or not exercised by the probes
+    live_probes.py   the same probes every eval.reward_probes_every training steps, beside the live completions
 """

@@ -19,6 +19,7 @@ from grpocli.evaluation.answers import extract_answer
 from grpocli.evaluation.estimators import majority_at_n, mean_at_n, pass_at_k
 from grpocli.recipe.bounds import MIN_TEMPERATURE
 from grpocli.rewards import Scores, reward_metrics, score
+from grpocli.rewards.failures import stop_past_masked_share
 
 if TYPE_CHECKING:
     from grpocli.generation.base import GenerationBackend, Sampling
@@ -122,6 +123,7 @@ def sample_and_score(
         columns["environments"] = conversations.environments  # TRL's keyword, as in training
     scores = score(reward_fns, prompts, conversations.messages if conversations is not None else completions,
                    columns, combination, completion_ids=generated.completion_ids, state=state)
+    stop_past_masked_share(reward_fns, scores, "in an evaluation batch")  # a masked sample's reward is None
     indices = list(indices) if indices is not None else list(range(len(rows)))
     records = []
     for i, text in enumerate(completions):

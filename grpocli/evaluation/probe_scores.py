@@ -4,7 +4,7 @@ Rewards are called through the trainer's own path (``grpocli.rewards.score``): t
 dataset holds them, every dataset column by name, ``completion_ids``, ``trainer_state``,
 ``log_extra`` and ``log_metric``, and completions as chat messages exactly when the prompts
 are (TRL's rule). Each reward scores each probe on its own, so one that fails is named with the
-probes it fails on and the others are still scored; ``on_error = "none"`` is set aside here
+probes it fails on and the others are still scored; ``on_error`` ("mask", "none") is set aside here
 (a failure on a probe is what this check looks for).
 
 Flags (``EPS`` is the smallest difference that counts), from the mean score of each probe:

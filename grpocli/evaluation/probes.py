@@ -31,9 +31,12 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
+
+if TYPE_CHECKING:
+    from grpocli.recipe.schema import Recipe
 
 GOLD_COLUMNS = ("answer", "solution", "ground_truth", "gold", "reference", "target", "label")
 PARTS = ("think", "answer", "boxed")
@@ -103,6 +106,16 @@ def parse_format(text: str) -> Format:
                         valid=f"auto, plain, or parts joined by '+' out of {', '.join(PARTS)}",
                         hint="--format think+answer (DeepSeek-R1's tags) or --format boxed")
     return Format(tuple(p for p in PARTS if p in parts), "--format")
+
+
+def format_texts(recipe: Recipe, rows: Sequence[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """Where the recipe tells the model the format, for detect_format: data.system_prompt,
+    data.template, the first of ``rows`` (rendered dataset rows)'s prompt."""
+    first = rows[0].get("prompt") if rows else None
+    if isinstance(first, list):  # chat messages
+        first = "\n".join(str(m.get("content", "")) for m in first if isinstance(m, dict))
+    return [("data.system_prompt", recipe.data.system_prompt), ("data.template", recipe.data.template),
+            ("the first row's prompt", first if isinstance(first, str) else None)]
 
 
 def detect_format(texts: Sequence[tuple[str, str | None]], reward_fns: Sequence[Any]) -> Format:

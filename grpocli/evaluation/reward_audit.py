@@ -23,7 +23,16 @@ from rich.table import Table
 from grpocli.errors import UserError
 from grpocli.evaluation.extra_probes import extra_probes, recheck_constant
 from grpocli.evaluation.probe_scores import RewardReport, score_probes
-from grpocli.evaluation.probes import Format, Probe, build_probes, detect_format, gold_column, gold_text, parse_format
+from grpocli.evaluation.probes import (
+    Format,
+    Probe,
+    build_probes,
+    detect_format,
+    format_texts,
+    gold_column,
+    gold_text,
+    parse_format,
+)
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe
@@ -64,7 +73,7 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
     tokenizer = load_tokenizer(r.model)
     prompts = RenderedPrompts(dataset, r.data, tokenizer)
     picked = [prompts[i] for i in range(min(rows, len(prompts)))]
-    found = chosen or detect_format(_format_texts(r, picked), reward_fns)
+    found = chosen or detect_format(format_texts(r, picked), reward_fns)
     golds = [gold_text(row.get(gold)) for row in picked] if gold else None
     probes = build_probes(golds, len(picked), found, lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"]),
                           r.generation.max_completion_length)
@@ -89,15 +98,6 @@ def _check_counts(rows: int, sample: int) -> None:
     if sample < 0:
         raise UserError(f"--sample {sample} is negative", where="--sample",
                         valid="0 (no model) or the completions to sample per row", hint="--sample 4")
-
-
-def _format_texts(r: Recipe, rows: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
-    """Where the recipe tells the model the format: system prompt, template, the first prompt."""
-    first = rows[0].get("prompt") if rows else None
-    if isinstance(first, list):  # chat messages
-        first = "\n".join(str(m.get("content", "")) for m in first if isinstance(m, dict))
-    return [("data.system_prompt", r.data.system_prompt), ("data.template", r.data.template),
-            ("the first row's prompt", first if isinstance(first, str) else None)]
 
 
 def _sampled(r: Recipe, tokenizer: Any, rows: list[dict[str, Any]], n: int) -> Probe:

@@ -8,6 +8,8 @@ plot.py          metrics.png, and compare.png with several runs overlaid (matplo
 comparison.py    `grpo compare RUN_A RUN_B [...]`: runs read side by side, config diff with sources, shared rollouts
 comparison_view.py  what `grpo compare` prints
 run_summary.py   the lines `grpo train` ends a finished run with (reward, time, the next command)
+bottleneck.py    the phase that bounds a run's step: median shares of its phases' seconds (step 1 left out)
+remedies.py      what to turn for a bounding phase: recipe keys, values and the measured gain; the section's text
 
 Never imports torch, but for `grpo inspect data` (it loads the tokenizer through transformers).
 """

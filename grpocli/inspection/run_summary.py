@@ -9,6 +9,7 @@ so the same lines come whether the run trained in this process or in several. No
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from pathlib import Path
@@ -40,8 +41,22 @@ def summary_lines(root: Path, seconds: float) -> list[str]:
     kept = ["metrics.jsonl", *(["rollouts/"] if run.rollouts.is_dir() else []),
             *([f"checkpoints/step-{saved[0]}"] if saved else [])]
     rollouts = f"; --rollouts {last['step']}: that step's completions" if run.rollout_file(last["step"]).exists() else ""
-    return [done, f"run directory {shown} ({', '.join(kept)})",
+    return [done, *_rollbacks(run), f"run directory {shown} ({', '.join(kept)})",
             f"next: grpo inspect {shown}   (metrics, alerts, metrics.png{rollouts})"]
+
+
+def _rollbacks(run: RunDir) -> list[str]:
+    """One line per train.guard rollback: <run>/discarded/rollback-K/rollback.json (grpocli.trainer.rollback)."""
+    lines = []
+    found = run.discarded.glob("rollback-*/rollback.json") if run.discarded.is_dir() else []
+    for path in sorted(found, key=lambda p: (len(p.parent.name), p.parent.name)):  # rollback-2 before -10
+        try:
+            r = json.loads(path.read_text(encoding="utf-8"))
+            lines.append(f"rolled back at step {r['at_step']} to step {r['to_step']}, lr x{r['lr_scale']:g} "
+                         f"({r['reason']}); the undone steps are kept in discarded/{path.parent.name}/")
+        except (OSError, ValueError, KeyError, TypeError):
+            lines.append(f"rolled back ({path} cannot be read)")
+    return lines
 
 
 def duration(seconds: float) -> str:

@@ -91,7 +91,7 @@ def load_policy(model: ModelSection, seed: int, *, device: Any = None) -> PreTra
     of a node loads its own copy); other devices load on the host and move there.
     """
     policy = _load_base(model, seed, device)
-    if model.gradient_checkpointing:
+    if model.gradient_checkpointing is True:  # "auto" is decided before a model loads (grpocli.trainer.autofit)
         # Non-reentrant checkpointing needs no enable_input_require_grads with frozen inputs (LoRA).
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.config.use_cache = False

@@ -8,9 +8,14 @@ config and the recipe alone (no weights are loaded).
                 functions returning immutable `Phase` values
     engine_cache.py  the colocated vLLM engine's KV cache: the sequences it holds at once (in flight:
                 several generation batches) and what its share leaves for them
+    recipe_settings.py  a recipe in the memory model's terms; its peak, the largest micro-batch that fits
     plan.py     the plan of a recipe: the phases, the peak, whether it fits, the largest
                 micro-batch that does, and the knobs that would make it fit
     report.py   the plan as rich tables or JSON
+    autosize.py the "auto" sizes (micro-batch, token budget, gradient checkpointing) on a given memory
+    headroom.py what the plan says of a bottleneck's remedies (grpocli.inspection.remedies): whether each
+                changed recipe fits, the KV tokens a larger vLLM share buys, the bytes a sync sends;
+                `grpo inspect RUN` and `grpo bench` print it
 
 The trainer calls `check_fits` before it loads a model onto a GPU (train.memory_check).
 """

@@ -15,20 +15,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
+from grpocli.planning.autosize import auto_sizes
 from grpocli.planning.engine_cache import EngineCache, engine_cache
-from grpocli.planning.memory import F32, Phase, Settings, Tokens, phases
-from grpocli.planning.shapes import ModelShape, dtype_bytes
+from grpocli.planning.memory import Phase, Settings, phases
+from grpocli.planning.recipe_settings import largest_micro_batch, peak_of, settings_of
+from grpocli.planning.recipe_settings import with_changes as _with
+from grpocli.planning.shapes import ModelShape
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe
 
 GIB = 2**30
-#: Shared-prompt rows up to this many times the hidden size (grpocli.algorithms.packing.DENSE_ROW_FACTOR).
-DENSE_ROW_FACTOR = 4
-#: Completions per generate call of the 'hf' backend (grpocli.generation.hf.HFBackend's batch_size).
-HF_BATCH = 64
-#: The bound the search for the largest micro-batch stops at.
-MAX_SEARCH = 4096
 
 
 @dataclass(frozen=True)
@@ -60,6 +57,7 @@ class Plan:
     prompt_tokens: int = 0              # the worst case planned for: data.max_prompt_length
     completion_tokens: int = 0          # generation.max_completion_length
     engine_cache: EngineCache | None = None  # the colocated vLLM engine's KV cache (backend "vllm")
+    auto: tuple[tuple[str, Any], ...] = ()   # what the recipe's "auto" keys became (grpocli.planning.autosize)
 
     @property
     def peak(self) -> Phase:
@@ -78,7 +76,7 @@ class Plan:
             "largest_micro_batch_size": self.largest_micro_batch,
             "largest_max_tokens_per_micro_batch": self.largest_tokens,
             "knobs": [{"set": list(k.overrides), "saves_bytes": k.saves, "fits": k.fits} for k in self.knobs],
-            "fits_with": list(self.together),
+            "fits_with": list(self.together), "auto": dict(self.auto),
             "engine_kv_cache": None if self.engine_cache is None else {
                 "sequences": self.engine_cache.sequences, "generation_batches": self.engine_cache.batches,
                 "needed_bytes": self.engine_cache.needed, "available_bytes": self.engine_cache.available,
@@ -87,129 +85,26 @@ class Plan:
         }
 
 
-# -- from the recipe ---------------------------------------------------------------------------
-def settings_of(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, sharding: str | None = None) -> Settings:
-    """The memory model's settings for recipe `r` on `gpus` processes of `gpu_memory` bytes each
-    (`sharding`: what the processes run, where accelerate's config decides: 'zero2', 'zero3', 'fsdp2')."""
-    t, a, m = r.train, r.algorithm, r.model
-    weight = dtype_bytes(m.dtype if m.dtype != "auto" else shape.config_dtype)
-    compute = 2 if t.mixed_precision in ("bf16", "fp16") else weight
-    sharding = (sharding or t.sharding) if gpus > 1 else "none"
-    per_process = t.prompts_per_step * r.generation.num_generations // max(gpus, 1)
-    train_rows = _rows(t.micro_batch_size, t.max_tokens_per_micro_batch, r, per_process)
-    logprob_rows = getattr(t, "logprob_micro_batch_size", None) or train_rows
-    linears = [lin for lin in shape.layer_linears
-               if m.lora.target_modules == "all-linear" or any(lin.name.endswith(x) for x in m.lora.target_modules)]
-    backend = r.generation.backend
-    engine = int(r.vllm.gpu_memory_utilization * gpu_memory) if backend == "vllm" else 0
-    return Settings(
-        weight_bytes=weight, compute_bytes=compute,
-        lora_params=shape.lora_params(m.lora.r, m.lora.target_modules) if m.lora.enabled else 0,
-        lora_rank=m.lora.r if m.lora.enabled else 0, lora_linears=len(linears) if m.lora.enabled else 0,
-        gradient_checkpointing=m.gradient_checkpointing,
-        activation_offloading=bool(getattr(t, "activation_offloading", False)),
-        reference=a.beta > 0 and a.reference != "server", processes=max(gpus, 1), sharding=sharding,
-        micro_batches=math.ceil(per_process / train_rows) if per_process else 1,
-        train=tokens_of(r, shape, train_rows), logprob=tokens_of(r, shape, min(logprob_rows, max(per_process, 1))),
-        entropy_grad=a.entropy_coef > 0, engine_bytes=engine, engine_sleeps=int(getattr(r.vllm, "sleep_mode", 0)) > 0,
-        generation_bytes=_hf_generation(r, shape, compute, per_process) if backend in ("hf", "paged") else 0,
-    )
-
-
-def _rows(micro_batch_size: int, max_tokens: int | None, r: Recipe, per_process: int) -> int:
-    """Sequences in the largest micro-batch: micro_batch_size, or as many full-length ones as the token budget holds."""
-    if max_tokens is not None:
-        length = r.data.max_prompt_length + r.generation.max_completion_length
-        return max(1, min(max_tokens // length, max(per_process, 1)))
-    return max(1, min(micro_batch_size, max(per_process, 1)))
-
-
-def tokens_of(r: Recipe, shape: ModelShape, n: int) -> Tokens:
-    """The forward pass of n full-length sequences as grpocli.algorithms.packing lays them out."""
-    lp, lc, g = r.data.max_prompt_length, r.generation.max_completion_length, r.generation.num_generations
-    attn = r.model.attn_implementation or "sdpa"
-    if "flash" in attn:  # packed: one row, no mask
-        return Tokens(rows=1, width=n * (lp + lc - 1), scored=n * lc)
-    if attn in ("sdpa", "eager"):
-        groups = max(len({i // g for i in range(k, k + n)}) for k in range(0, max(n, g), n))
-        width = groups * lp + n * (lc - 1)
-        if width <= DENSE_ROW_FACTOR * shape.hidden_size:
-            return Tokens(rows=1, width=width, scored=n * lc, mask=width * width)
-    width = lp + lc - 1
-    return Tokens(rows=n, width=width, scored=n * lc, mask=n * width * width)
-
-
-def _hf_generation(r: Recipe, shape: ModelShape, compute: int, per_process: int) -> int:
-    """transformers' generate, HF_BATCH completions a call (whole groups, at least one), or, for
-    'paged', every completion of the generation batch at once (its cache is sized to hold them all,
-    grpocli.generation.paged): the KV cache and one step's float32 logits."""
-    length = r.data.max_prompt_length + r.generation.max_completion_length
-    g = r.generation.num_generations
-    every = per_process * r.train.steps_per_generation
-    batch = every if r.generation.backend == "paged" else min(max(1, HF_BATCH // g) * g, every)
-    kv = batch * length * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * compute
-    return kv + batch * shape.vocab_size * F32
-
-
 # -- the plan ----------------------------------------------------------------------------------
 def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memory_assumed: bool = False,
               knobs: bool = True, sharding: str | None = None) -> Plan:
-    """The plan of `r` on `gpus` devices of `gpu_memory` bytes (`knobs`: look for what would make it fit)."""
+    """The plan of `r` on `gpus` devices of `gpu_memory` bytes (`knobs`: look for what would make it fit);
+    "auto" sizes planned as `grpo train` would choose them (grpocli.planning.autosize)."""
+    chosen = auto_sizes(r, shape, gpus, gpu_memory, sharding)
+    r = _with(r, {k: max(v, 16 if "tokens" in k else 1) if type(v) is int else v for k, v in chosen.items()})
     s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
     plan = Plan(shape=shape, settings=s, phases=phases(shape, s), gpus=gpus, gpu_memory=gpu_memory,
                 memory_assumed=memory_assumed, largest_micro_batch=0, largest_tokens=0, sharding=sharding,
                 prompt_tokens=r.data.max_prompt_length, completion_tokens=r.generation.max_completion_length,
-                engine_cache=engine_cache(r, shape, gpus=gpus, gpu_memory=gpu_memory))
-    largest = _largest_micro_batch(r, shape, gpus, gpu_memory, sharding)
+                engine_cache=engine_cache(r, shape, gpus=gpus, gpu_memory=gpu_memory),
+                auto=tuple((k, getattr(getattr(r, k.split(".")[0]), k.split(".")[1])) for k in chosen))
+    largest = largest_micro_batch(r, shape, gpus, gpu_memory, sharding)
     length = r.data.max_prompt_length + r.generation.max_completion_length
     plan = replace(plan, largest_micro_batch=largest, largest_tokens=largest * length)
     if knobs and not plan.fits:
         found = _knobs(r, shape, plan)
         plan = replace(plan, knobs=found, together=_together(r, shape, plan, found))
     return plan
-
-
-def peak_of(r: Recipe, shape: ModelShape, gpus: int, gpu_memory: int, sharding: str | None = None,
-            *, training_only: bool = False) -> int:
-    """The largest phase's bytes per process (`training_only`: of the log-prob and training phases)."""
-    s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
-    return max(p.total for p in phases(shape, s)[1 if training_only else 0:])
-
-
-def _largest_micro_batch(r: Recipe, shape: ModelShape, gpus: int, gpu_memory: int, sharding: str | None) -> int:
-    """The largest train.micro_batch_size (no token budget) whose log-prob and training phases fit; 0 when
-    1 does not."""
-    per_process = max(1, r.train.prompts_per_step * r.generation.num_generations // max(gpus, 1))
-
-    def fits(n: int) -> bool:
-        return peak_of(_with(r, {"train.micro_batch_size": n, "train.max_tokens_per_micro_batch": None}),
-                       shape, gpus, gpu_memory, sharding, training_only=True) <= gpu_memory
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, min(per_process, MAX_SEARCH)
-    while lo < hi:  # the peak grows with the micro-batch
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
-
-
-def _with(r: Recipe, changes: dict[str, Any]) -> Recipe:
-    """A copy of `r` with dotted keys changed (no validation beyond the types: the values are the plan's own)."""
-    sections: dict[str, dict[str, Any]] = {}
-    for key, value in changes.items():
-        section, _, name = key.partition(".")
-        sections.setdefault(section, {})[name] = value
-    update = {}
-    for section, values in sections.items():
-        current = getattr(r, section)
-        nested = {k: v for k, v in values.items() if "." not in k}
-        for k, v in values.items():
-            if "." in k:
-                sub, _, leaf = k.partition(".")
-                nested[sub] = getattr(current, sub).model_copy(update={leaf: v})
-        update[section] = current.model_copy(update=nested)
-    return r.model_copy(update=update)
 
 
 def _candidates(r: Recipe, shape: ModelShape, plan: Plan) -> list[dict[str, Any]]:

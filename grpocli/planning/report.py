@@ -16,6 +16,9 @@ def render(plan: Plan, console: Any) -> None:
     console.print(f"model: {shape.architecture} from {escape(shape.source)}: {shape.params:,} parameters, "
                   f"{shape.num_layers} layers, hidden {shape.hidden_size}, vocabulary {shape.vocab_size:,}"
                   + (f"; LoRA trains {s.lora_params:,}" if s.lora_params else ""))
+    if plan.auto:
+        console.print('"auto", as `grpo train` would choose it on this memory: '
+                      + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in plan.auto))
     t = s.train
     console.print(f"largest micro-batch (every prompt {plan.prompt_tokens} tokens, every completion "
                   f"{plan.completion_tokens}): {t.rows} row(s) x {t.width} tokens, {t.scored} scored; "

@@ -3,6 +3,7 @@
     schema.py             the Recipe: every option of a run, declared once (type, bounds, description)
     section.py            the base of every section: unknown keys refused, assignments validated
     train_section.py      [train]: optimization and run control
+    guard_section.py      [train.guard]: what a run does when a step goes wrong
     algorithm_section.py  [algorithm]: advantages, the loss and its conventions, KL
     vllm_section.py       [vllm]: the engine or server(s) that generate, importance sampling
     eval_section.py       [eval]: how `grpo eval` and periodic evaluation sample and judge

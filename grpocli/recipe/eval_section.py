@@ -47,6 +47,14 @@ class EvalSection(Section):
         None, ge=1, le=131072, description="Longest evaluated completion in tokens (default: "
         "generation.max_completion_length)."
     )
+    reward_probes_every: int = Field(
+        50, ge=0, description="Every N training steps, score the `grpo check-rewards` probes of the step's first "
+        "eval.reward_probes_rows prompts beside the policy's own completions of them, and warn (once per reward "
+        "and kind) when a reward pays for length or the format alone (0: off)."
+    )
+    reward_probes_rows: int = Field(
+        4, ge=1, le=64, description="Prompts of the step that eval.reward_probes_every probes."
+    )
     output_dir: str | None = Field(
         None, description="Where `grpo eval` writes samples and summaries (default: the run's eval/)."
     )

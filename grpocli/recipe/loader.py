@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,7 +283,7 @@ def _source_of(sources: dict[str, str], dotted: str) -> str:
 def _validation_error(errors: list[Any], where_file: str, sources: dict[str, str]) -> UserError:
     """The UserError of pydantic's errors (``ValidationError.errors()``), each naming its key and source."""
     lines, valid = [], None
-    for err in errors:
+    for err in _union_merged(errors):
         loc = [str(p) for p in err["loc"]]
         dotted = _dotted(loc)
         source = _source_of(sources, dotted)
@@ -304,6 +305,30 @@ def _validation_error(errors: list[Any], where_file: str, sources: dict[str, str
         valid=valid,
         hint="fix the key(s) above; `grpo inspect recipe NAME` shows every key, its value and source",
     )
+
+
+#: The names pydantic gives the members of a union in an error's location (int | Literal["auto"]).
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|literal\[.*\]|function-\w+\[.*\]|int|str|float|bool|none)$")
+
+
+def _union_merged(errors: list[Any]) -> list[Any]:
+    """One error per key where a value failed each member of a union ('an integer >= 1, or auto'), its
+    location without the members' names."""
+    out: list[Any] = []
+    by_loc: dict[tuple, Any] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        while loc and isinstance(loc[-1], str) and _UNION_MEMBER.match(loc[-1]):
+            loc = loc[:-1]
+        if loc == tuple(err["loc"]):
+            out.append(err)
+        elif loc in by_loc:
+            merged = by_loc[loc]
+            merged["msg"] += " or " + err["msg"].removeprefix("Input should be ")
+        else:
+            by_loc[loc] = {**err, "loc": loc}
+            out.append(by_loc[loc])
+    return out
 
 
 def _quotable(err: Any) -> bool:

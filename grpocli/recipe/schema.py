@@ -24,6 +24,7 @@ from grpocli.recipe.bounds import (
     MIN_TEMPERATURE,
 )
 from grpocli.recipe.eval_section import EvalSection
+from grpocli.recipe.guard_section import check_guard
 from grpocli.recipe.section import FREE_ON_RESUME, Section
 from grpocli.recipe.tools_section import MultiTurnSection, ToolSpec
 from grpocli.recipe.train_section import TrainSection
@@ -84,8 +85,10 @@ class ModelSection(Section):
         None, description="transformers attn_implementation (e.g. 'sdpa', 'flash_attention_2').",
         json_schema_extra=FREE_ON_RESUME,
     )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward to save memory.",
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        False, description="Recompute activations in backward to save memory. 'auto': on only where, without it, "
+        "a micro-batch of 4 (or train.micro_batch_size) would not fit the device's memory or train.memory_limit "
+        "(`grpo plan`'s model; recorded in config.resolved.toml with the reason).",
         json_schema_extra=FREE_ON_RESUME,
     )
     tiny: TinyModel = Field(default_factory=TinyModel, description="Shape of the 'tiny' model.")
@@ -155,11 +158,23 @@ class RewardSpec(Section):
         description="With algorithm.reward_combination='gated': a format reward that the others "
         "need (open-instruct's non-additive format reward).",
     )
-    on_error: Literal["raise", "none"] = Field(
-        "raise",
-        description="If the function raises: stop the run naming the reward and row ('raise'), "
-        "or score the batch None and count it ('none'). A call past `timeout`, or one that calls "
-        "sys.exit(), counts as raising.",
+    on_error: Literal["mask", "raise", "none"] = Field(
+        "mask",
+        description="If the function fails (raises, runs past `timeout`, calls sys.exit(), or its reward "
+        "server fails): 'mask' scores the batch's rows again one by one (within 30 s) and masks the rows it "
+        "cannot score: they keep no score, are left out of their group's mean and std, get advantage 0 and "
+        "stay out of the loss (counted in rewards/<name>/masked; a group left with fewer than 2 scored "
+        "samples is dropped and refilled); a reward server's failure masks the whole batch. 'raise' stops "
+        "the run naming the reward and row (TRL's behaviour); 'none' scores the batch None, counted as 0 in "
+        "the weighted sum as TRL's None. A None the function returns is not a failure: 'does not apply', 0.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    max_masked_share: float = Field(
+        0.5, ge=0, le=1,
+        description="With on_error = 'mask': the run stops (exit 2, naming the reward, the step and the share) "
+        "when this reward masks more than this share of a step's samples (those one process scores in one "
+        "scoring round: the generation batch, or a fill round). 0: any masked sample stops it; 1: never.",
+        json_schema_extra=FREE_ON_RESUME,
     )
     timeout: float = Field(
         300.0, ge=0, le=86400,
@@ -382,4 +397,5 @@ class Recipe(BaseSettings):
                     "algorithm.reward_combination = 'gated' needs some rewards with gate = true "
                     "(the format rewards) and some without"
                 )
+        check_guard(self)  # [train.guard] with the rest (grpocli.recipe.guard_section)
         return self

@@ -3,11 +3,12 @@ processes and sharding, checkpoints). A section of the recipe schema (grpocli.re
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ByteSize, Field, field_validator
 
 from grpocli.recipe.bounds import MAX_COMPLETIONS_PER_BATCH, MAX_SEED
+from grpocli.recipe.guard_section import GuardSection
 from grpocli.recipe.section import FREE_ON_RESUME, Section
 
 
@@ -39,11 +40,17 @@ class TrainSection(Section):
     steps_per_generation: int = Field(
         1, ge=1, le=64, description="Optimizer steps per generation batch (generation batch = this x step)."
     )
-    micro_batch_size: int = Field(
-        8, ge=1, description="Completions per forward/backward pass on one process."
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        8, description="Completions per forward/backward pass on one process. 'auto': the largest whose "
+        "log-prob and training passes `grpo plan` predicts to fit the device's memory (or train.memory_limit), "
+        "recorded with the reason in config.resolved.toml and checked against the first step's measured peak; the "
+        "split never changes the loss (bnpo's per-micro-batch loss refuses 'auto'). A pass that runs out of memory "
+        "halves it and redoes the step either way.",
     )
-    max_tokens_per_micro_batch: int | None = Field(
-        None, ge=16, description="Token budget per micro-batch (packed rows); overrides micro_batch_size."
+    max_tokens_per_micro_batch: Annotated[int, Field(ge=16)] | Literal["auto"] | None = Field(
+        None, description="Token budget per micro-batch (packed rows); overrides micro_batch_size. 'auto': the largest "
+        "micro-batch that fits (as micro_batch_size 'auto') times data.max_prompt_length + "
+        "generation.max_completion_length."
     )
     logprob_micro_batch_size: int | None = Field(
         None, ge=1, description="Most sequences in one no-grad log-prob pass (the old policy's and the reference "
@@ -106,6 +113,13 @@ class TrainSection(Section):
         "selects it too; DeepSpeed ZeRO comes only from accelerate's config (configs/deepspeed_zero*.yaml).",
         json_schema_extra=FREE_ON_RESUME,
     )
+    memory_limit: ByteSize | None = Field(
+        None, gt=0, description="Most memory one pass may take on one process, e.g. '8GiB': on a CPU the process's "
+        "peak resident set, on a GPU torch's max_memory_allocated (default: the GPU itself; on a CPU no limit). A "
+        "pass past it counts as out of memory: its micro-batches are split and the step redone, as after a CUDA "
+        "out-of-memory; micro_batch_size = 'auto' sizes micro-batches to it.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     memory_check: bool = Field(
         True, description="Before the model loads on a CUDA device, check that the recipe's predicted peak memory "
         "per process (the model of `grpo plan`: weights, gradients, optimizer state, activations, logits, reference, "
@@ -127,8 +141,15 @@ class TrainSection(Section):
         "newest checkpoint. Either way the run says what it kept and exits with 128 + the signal's number.",
         json_schema_extra=FREE_ON_RESUME,
     )
-    on_nonfinite_loss: Literal["skip", "raise"] = Field(
-        "skip", description="A NaN/inf loss skips the step and says so, or stops the run.",
+    on_nonfinite_loss: Literal["guard", "skip", "raise"] = Field(
+        "guard", description="A NaN/inf loss or gradient norm (its update is never applied): 'guard': "
+        "train.guard.action decides (default 'skip': say so and go on); 'skip': say so and go on, whatever "
+        "train.guard.action; 'raise': stop with exit 2, naming the step.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    guard: GuardSection = Field(
+        default_factory=GuardSection, description="What a run does when a step goes wrong: a non-finite loss, KL "
+        "past a bound, entropy collapsing (skip, roll back to the last checkpoint, or stop).",
         json_schema_extra=FREE_ON_RESUME,
     )
     allow_changes: list[str] = Field(

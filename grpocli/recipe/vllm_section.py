@@ -6,7 +6,7 @@ Wired into ``Recipe`` by grpocli.recipe.schema as ``vllm: VllmSection``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,6 +14,8 @@ from grpocli.algorithms.variants import IMPORTANCE_SAMPLING_MODES, described
 from grpocli.recipe.section import FREE_ON_RESUME, Section
 
 ImportanceSamplingMode = Literal[tuple(IMPORTANCE_SAMPLING_MODES)]
+#: The most vllm.gpu_memory_utilization = "auto" gives a colocated engine (vLLM's own default is 0.9).
+MAX_AUTO_SHARE = 0.95
 
 
 class VllmSection(Section):
@@ -34,8 +36,12 @@ class VllmSection(Section):
         "false: training stops with an error naming it. Every server must answer at start.",
         json_schema_extra=FREE_ON_RESUME,
     )
-    gpu_memory_utilization: float = Field(
-        0.3, gt=0.0, le=1.0, description="GPU memory share of the engine.",
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["auto"] = Field(
+        0.3, description="GPU memory share of the engine. 'auto' (a colocated engine on a GPU): the largest share, in "
+        f"steps of 0.01 up to {MAX_AUTO_SHARE}, with which every phase of `grpo plan`'s model fits the device (or "
+        "train.memory_limit), once the trainer has its micro-batch (the engine keeps at least what one generation "
+        "batch's KV cache needs); recorded in config.resolved.toml. On a CPU (vLLM-CPU sizes its cache by "
+        "VLLM_CPU_KVCACHE_SPACE) or without a colocated engine: 0.3.",
         json_schema_extra=FREE_ON_RESUME,
     )
     enforce_eager: bool | None = Field(

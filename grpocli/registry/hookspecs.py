@@ -88,8 +88,10 @@ class RewardFunction(Protocol):
     completions): ``prompts`` and ``completions`` (strings, or chat message lists when the
     prompt is one: then each completion is the conversation after the prompt), and also
     ``completion_ids`` (token ids), ``trainer_state`` (a ``transformers.TrainerState``),
-    ``log_extra(column, values)`` and ``log_metric(name, value)``, every dataset column by its
-    name, ``environments`` (one instance per completion) with ``multi_turn.environment``, and
+    ``log_extra(column, values)`` and ``log_metric(name, value)``, grpo's own
+    ``log_row_seconds(values)`` (the wall seconds each completion took, None where not measured:
+    grpocli.rewards.timings; only to a reward that names it, never through ``**kwargs``), every
+    dataset column by its name, ``environments`` (one instance per completion) with ``multi_turn.environment``, and
     the recipe's ``[[rewards]] args``. grpo passes only the keywords the function names, or
     all of them to one that takes ``**kwargs``: declare what you read.
 
@@ -104,7 +106,8 @@ class RewardFunction(Protocol):
 
     def __call__(self, prompts: list[Any], completions: list[Any], *, completion_ids: list[list[int]],
                  trainer_state: Any, log_extra: Callable[[str, list[Any]], None],
-                 log_metric: Callable[[str, float], None], **columns_and_args: Any) -> Sequence[float | None]: ...
+                 log_metric: Callable[[str, float], None], log_row_seconds: Callable[[list[float | None]], None],
+                 **columns_and_args: Any) -> Sequence[float | None]: ...
 
 
 class DatasetLoader(Protocol):
@@ -236,7 +239,8 @@ def keywords(protocol: type) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-#: What every reward gets besides the dataset columns, environments and args (TRL 1.16's keywords).
+#: What every reward gets besides the dataset columns, environments and args (TRL 1.16's keywords, and
+#: grpo's log_row_seconds).
 REWARD_KEYWORDS = keywords(RewardFunction)
 #: What every dataset loader gets besides ``data.args``.
 DATASET_KEYWORDS = keywords(DatasetLoader)

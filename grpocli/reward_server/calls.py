@@ -100,6 +100,7 @@ def score_batch(served: Served, req: ScoreRequest, args: dict[str, Any],
     """(HTTP status, JSON body) of one call of ``served`` with ``args`` on the request's batch."""
     from grpocli.rewards.invocation import Failed, call_one
     from grpocli.rewards.scoring import RewardFn, RewardLog, check_values, reward_kwargs
+    from grpocli.rewards.timings import RowSeconds, keyword
 
     n = len(req.completions)
     lengths = {"prompts": len(req.prompts), **{f"columns.{k}": len(v) for k, v in req.columns.items()}}
@@ -112,7 +113,9 @@ def score_batch(served: Served, req: ScoreRequest, args: dict[str, Any],
     log = RewardLog()
     # a TrainerState (transformers' import) only for a reward that takes it
     state = rebuilt_state(req.trainer_state) if takes_state(served.fn) else None
-    context = {"trainer_state": state, "log_extra": log.log_extra, "log_metric": log.log_metric}
+    rows = RowSeconds(n)  # what the reward reports of each row's seconds (grpocli.rewards.timings)
+    context = {"trainer_state": state, "log_extra": log.log_extra, "log_metric": log.log_metric,
+               **keyword(served.fn, rows.log_row_seconds)}
     try:
         kwargs = reward_kwargs(0, rf, req.prompts, req.completions, req.columns, req.completion_ids, context)
     except UserError as err:
@@ -128,7 +131,8 @@ def score_batch(served: Served, req: ScoreRequest, args: dict[str, Any],
         return 500, {"detail": err.what, "failure": "invalid"}
     except (TypeError, ValueError) as exc:
         return 500, {"detail": f"reward {served.name!r} logged values JSON cannot carry: {exc}", "failure": "invalid"}
-    return 200, {"scores": scores, **logged, "seconds": round(time.perf_counter() - t0, 6)}
+    timed = {"row_seconds": rows.values} if rows.values and any(v is not None for v in rows.values) else {}
+    return 200, {"scores": scores, **logged, "seconds": round(time.perf_counter() - t0, 6), **timed}
 
 
 def _said(err: UserError) -> str:

@@ -4,6 +4,7 @@
     invocation.py       calling reward functions: sync ones in turn, async ones together on one loop
     watchdog.py         a sync reward in the main thread under grpo's timeout (signal-alarm rewards)
     failures.py         what a failed call becomes: the UserError that stops the run, or a None score
+    timings.py          each row's seconds a reward reports (log_row_seconds), the slowest, the warning
     arguments.py        the ``[[rewards]] args`` a reward accepts, and the checks that refuse others
     factories.py        [[rewards]] functions that make the reward from its args, as TRL's
     references.py       rewards named without a plugin: a ``module:function``, a reward model directory

@@ -27,6 +27,7 @@ from grpocli.rewards.text import (
     last_integer,
     last_line,
 )
+from grpocli.rewards.timings import RowClock
 
 STRICT_FORMAT = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>", re.DOTALL)
 SOFT_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)  # read by soft_format()
@@ -176,25 +177,33 @@ def math_accuracy(
     seconds = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     parsed_golds: dict[str, list] = {}
     out: list[float | None] = []
-    for c, gold in zip(completions, golds):
-        key = str(gold)
-        if key not in parsed_golds:
-            parsed_golds[key] = _parse_gold(parse, key, seconds)
-        if not parsed_golds[key]:
-            out.append(None)
-            continue
-        text = completion_text(c)
-        tagged, boxed = answer_tag(text), last_boxed(text)
-        pred = tagged if tagged is not None else (f"\\boxed{{{boxed}}}" if boxed is not None else text)
-        try:
-            answer = parse(pred, parsing_timeout=seconds)
-            out.append(float(verify(parsed_golds[key], answer, timeout_seconds=seconds)))
-        except Exception:  # math-verify's own failures on odd input count as wrong
-            out.append(0.0)
+    clock = RowClock(len(completions), kwargs)  # each answer's seconds (grpocli.rewards.timings)
+    for row, (c, gold) in enumerate(zip(completions, golds)):
+        with clock.row(row):
+            out.append(_math_score(parse, verify, parsed_golds, str(gold), c, seconds))
+    clock.report()
     return out
 
 
+def _math_score(parse: Callable[..., list], verify: Callable[..., bool], parsed_golds: dict[str, list], key: str,
+                c: Any, seconds: int | None) -> float | None:
+    """One answer's math.accuracy (its gold parsed once per batch, in ``parsed_golds``)."""
+    if key not in parsed_golds:
+        parsed_golds[key] = _parse_gold(parse, key, seconds)
+    if not parsed_golds[key]:
+        return None
+    text = completion_text(c)
+    tagged, boxed = answer_tag(text), last_boxed(text)
+    pred = tagged if tagged is not None else (f"\\boxed{{{boxed}}}" if boxed is not None else text)
+    try:
+        answer = parse(pred, parsing_timeout=seconds)
+        return float(verify(parsed_golds[key], answer, timeout_seconds=seconds))
+    except Exception:  # math-verify's own failures on odd input count as wrong
+        return 0.0
+
+
 math_accuracy.bounds_own_time = True  # math-verify's per-answer alarms need the main thread (invocation)
+math_accuracy.takes_row_seconds = True  # reports each answer's seconds (grpocli.rewards.timings)
 
 
 def _parse_gold(parse: Callable[..., list], gold: str, seconds: int | None) -> list:

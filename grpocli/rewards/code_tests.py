@@ -36,6 +36,7 @@ from grpocli.registry.contracts import recipe_args
 from grpocli.rewards.sandbox import Limits, interpreter, resolve_isolation
 from grpocli.rewards.sandbox_cases import Program, run_program
 from grpocli.rewards.text import completion_text
+from grpocli.rewards.timings import RowClock
 
 CODE_BLOCK = re.compile(r"```(python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 STATUSES = ("passed", "failed", "timeout", "crashed")
@@ -190,8 +191,15 @@ def code_tests(prompts: list, completions: list, **kwargs: Any) -> list[float | 
         per_row.append(len(cases))
         jobs += [(row, Program(code, mode, tests=text, stdin=stdin)) for mode, text, stdin in cases]
     limits = args.limits()
+    clock = RowClock(len(per_row), kwargs)  # a row's seconds: its cases' sandbox runs, summed (rewards.timings)
+
+    def run(job: tuple[int, Program]) -> Any:
+        with clock.row(job[0]):
+            return run_program(job[1], limits, isolation, python)
+
     with ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="sandbox") as pool:
-        outcomes = list(pool.map(lambda job: run_program(job[1], limits, isolation, python), jobs))
+        outcomes = list(pool.map(run, jobs))
+    clock.report()
     passed = Counter(row for (row, _), out in zip(jobs, outcomes) if out.status == "passed")
     counts = Counter(out.status for out in outcomes)
     log_metric = kwargs.get("log_metric")
@@ -213,5 +221,6 @@ def check_args(args: dict[str, Any], columns: Collection[str] = (), *, where: st
 
 
 code_tests.check_args = check_args  # run at preflight by grpocli.rewards.arguments.check_reward_signature
+code_tests.takes_row_seconds = True  # reports each row's sandbox seconds (grpocli.rewards.timings)
 #: Set by the operator of a reward server alone (grpo reward-serve --args), never by a request: what runs the code.
 code_tests.operator_args = ("python", "isolation")

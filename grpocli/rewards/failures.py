@@ -1,11 +1,21 @@
-"""What a failed reward call turns into: the UserError that stops the run, or a None score.
+"""What a failed reward call turns into: masked rows, the UserError that stops the run, or None scores.
 
-A reward that raised, called ``sys.exit()`` or ``os._exit()``, or ran past its timeout stops the
-run with one message naming the reward, the row (found by scoring the batch again row by row)
-and what to do, unless its ``on_error = "none"`` scores the batch None. A call that timed out
-cannot be stopped (Python has no way to kill a thread) and may go on in its thread: each time
-that happens under ``on_error = "none"`` a warning says how many such calls of the reward still
-run, and at MAX_LEFT_RUNNING the run stops, before they take the CPU and memory of every step.
+A reward that raised, called ``sys.exit()`` or ``os._exit()``, or ran past its timeout:
+
+* ``on_error = "mask"`` (the default, ``mask_rows``): the batch's rows are scored again one by one,
+  within MAX_SECONDS_TO_RESCORE; a row that scores alone keeps its score, the others (failed, or
+  not reached in time) are *masked*: no score, left out of their group's statistics and of the
+  loss (grpocli.trainer.rollouts). A reward server that failed for the whole batch, or an event
+  loop an async reward blocked, masks the whole batch. One warning line per failed batch says
+  which rows and the slowest rows scored alone.
+* ``"raise"`` (``fail``): one message naming the reward, the row (found by scoring the batch
+  again row by row) and what to do; TRL's behaviour.
+* ``"none"``: the batch scores None (counted as 0 in the weighted sum, as TRL's nansum).
+
+A call that timed out cannot be stopped (Python has no way to kill a thread) and may go on in its
+thread: under ``"none"`` a warning each time says how many such calls of the reward still run,
+and at MAX_LEFT_RUNNING (either mode) the run stops, before they take the CPU and memory of
+every step.
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
-from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at
+from grpocli.rewards.invocation import Failed, ProcessExit, RewardTimeout, is_async, raised_at, still_running
 from grpocli.rewards.watchdog import refuses_threads
 
 if TYPE_CHECKING:
@@ -25,6 +36,9 @@ if TYPE_CHECKING:
 
 MAX_ROWS_TO_LOCATE = 256  # a failing batch is re-scored row by row to name the row
 MAX_SECONDS_TO_LOCATE = 30.0
+#: on_error = "mask": how long the rows of a failed batch are scored alone; rows not reached are masked.
+MAX_SECONDS_TO_RESCORE = 30.0
+SLOWEST_SHOWN = 3  # rows scored alone that the warning names, slowest first
 #: Calls of one reward that timed out and still run (in threads left behind) at which the run stops.
 MAX_LEFT_RUNNING = 4
 
@@ -60,9 +74,10 @@ def fail(i: int, rf: RewardFn, exc: BaseException, completions: list, columns: d
 
 
 def _failure(i: int, rf: RewardFn, exc: BaseException, timeout: float | None,
-             columns: dict[str, list]) -> tuple[str, str]:
-    """What went wrong in words, and what to do about it."""
-    none = f'set on_error = "none" in [[rewards]] entry {i} to score such batches None'
+             columns: dict[str, list], instead: str | None = None) -> tuple[str, str]:
+    """What went wrong in words, and what to do about it (``instead``: the other way out than a fix)."""
+    none = instead or (f'set on_error = "mask" in [[rewards]] entry {i} to leave the rows it fails on out of '
+                       'training, or on_error = "none" to score such batches None')
     if getattr(exc, "whole_batch", False):  # grpocli.rewards.remote: its servers failed, or it raised there
         return str(exc), f"{getattr(exc, 'hint', 'fix the reward')}; or {none}"
     if isinstance(exc, RewardTimeout) and exc.blocked_loop:
@@ -113,19 +128,118 @@ def _left_running(i: int, rf: RewardFn, exc: RewardTimeout, timeout: float | Non
               file=sys.stderr, flush=True)
         return
     if exc.still_running >= MAX_LEFT_RUNNING:
-        raise UserError(
-            f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {exc.still_running} of its "
-            "calls that timed out still run in background threads, which Python cannot stop: each one takes CPU "
-            f"and memory from every step{_origin(exc)}",
-            where=f"rewards[{i}] ({rf.name})",
-            valid=f"calls that return within the timeout, or end soon after it (the run stops when "
-            f"{MAX_LEFT_RUNNING} still run)",
-            hint=raise_it,
-        )
+        raise _too_many_left(i, rf, exc, seconds, exc.still_running, raise_it)
     print(f"warning: reward {rf.name!r} timed out (no result within {seconds:g} s) on a batch of {n} completions "
           f"and scores it None (on_error = \"none\"); Python cannot stop the call, which goes on in a background "
           f"thread{_origin(exc)}: {exc.still_running} such call(s) of it still run, and at {MAX_LEFT_RUNNING} "
           f"the run stops; {raise_it}", file=sys.stderr, flush=True)
+
+
+def _too_many_left(i: int, rf: RewardFn, exc: RewardTimeout, seconds: float, running: int, hint: str) -> UserError:
+    return UserError(
+        f"reward {rf.name!r} timed out again (no result within {seconds:g} s) and {running} of its "
+        "calls that timed out still run in background threads, which Python cannot stop: each one takes CPU "
+        f"and memory from every step{_origin(exc)}",
+        where=f"rewards[{i}] ({rf.name})",
+        valid=f"calls that return within the timeout, or end soon after it (the run stops when "
+        f"{MAX_LEFT_RUNNING} still run)",
+        hint=hint,
+    )
+
+
+@dataclass(frozen=True)
+class MaskedRows:
+    """What on_error = "mask" made of a failed batch call (``mask_rows``)."""
+
+    values: list[float | None]        # [N] a row's score where it scored alone, None where masked
+    masked: list[bool]                # [N] True: the reward could not score the row
+    failure: tuple[str, str]          # what the batch call did ("raised ValueError: ... at f.py:3"), what to do
+    slowest: list[tuple[float, int]]  # (seconds, row) of the rows scored alone, slowest first (SLOWEST_SHOWN)
+    seconds: list[float | None] = field(default_factory=list)  # [N] each row scored alone: its seconds; None: not
+
+
+def mask_rows(i: int, rf: RewardFn, exc: BaseException, n: int, timeout: float | None, rescore: Rescore,
+              check: Callable[[Any], float | None]) -> MaskedRows:
+    """on_error = "mask": score the rows of the batch reward ``i`` failed on (with ``exc``) again one by
+    one, within MAX_SECONDS_TO_RESCORE; ``check`` turns a row's result into its score (UserError for
+    an invalid one). The rows that fail alone, and those not reached in time, are masked; a reward
+    server's failure or a blocked event loop masks them all. A UserError (grpo's own words) stops
+    the run as under every on_error; so do MAX_LEFT_RUNNING calls that timed out and still run."""
+    if isinstance(exc, UserError):
+        fail(i, rf, exc, [], {}, timeout, rescore)
+    what, hint = _failure(i, rf, exc, timeout, {}, instead=f"raise rewards[{i}].max_masked_share")
+    values: list[float | None] = [None] * n
+    masked = [True] * n
+    times: list[tuple[float, int]] = []  # (seconds, row) of each row scored alone
+    timed_out = exc if isinstance(exc, RewardTimeout) else None
+    whole = getattr(exc, "blocked_loop", False) or (getattr(exc, "whole_batch", False)
+                                                    and not getattr(exc, "rows_alone", False))
+    deadline = time.monotonic() + MAX_SECONDS_TO_RESCORE
+    for row in range(0 if whole else n):
+        left = deadline - time.monotonic()
+        if left <= 0 or still_running(rf.fn) >= MAX_LEFT_RUNNING:
+            break
+        t0 = time.perf_counter()
+        outcome = rescore(row, None if timeout is None else min(timeout, left))
+        times.append((time.perf_counter() - t0, row))
+        if not isinstance(outcome, Failed):
+            values[row], masked[row] = check(outcome), False
+        elif isinstance(outcome.exc, UserError):
+            fail(i, rf, outcome.exc, [], {}, timeout, rescore)
+        elif isinstance(outcome.exc, RewardTimeout):
+            timed_out = outcome.exc
+    running = still_running(rf.fn) if timed_out is not None and not timed_out.stopped else 0
+    if running >= MAX_LEFT_RUNNING:
+        seconds = timeout if timeout is not None else timed_out.seconds
+        raise _too_many_left(i, rf, timed_out, seconds, running, f"raise rewards[{i}].timeout (now {seconds:g} s) "
+                             "if it is only slow; if it hangs or spins, fix the function")
+    out = MaskedRows(values, masked, (f"{what}{_origin(exc)}", hint), sorted(times, reverse=True)[:SLOWEST_SHOWN],
+                     _by_row(times, n))
+    _warn_masked(rf, out, len(times), sum(t for t, _ in times), running, whole)
+    return out
+
+
+def _by_row(times: list[tuple[float, int]], n: int) -> list[float | None]:
+    """[N] the seconds of each row scored alone (None: not scored alone)."""
+    out: list[float | None] = [None] * n
+    for seconds, row in times:
+        out[row] = seconds
+    return out
+
+
+def _warn_masked(rf: RewardFn, out: MaskedRows, tried: int, seconds: float, running: int, whole: bool) -> None:
+    """One line per failed batch: which rows are masked, the slowest rows scored alone."""
+    n, rows = len(out.masked), [r for r, m in enumerate(out.masked) if m]
+    shown = ", ".join(map(str, rows[:10])) + (" ..." if len(rows) > 10 else "")
+    if whole:
+        said = f"all {n} rows masked (no row can be scored alone)"
+    else:
+        said = f"{len(rows)} of {n} rows masked ({shown}); {tried} scored alone in {seconds:.1f} s"
+        said += f", {n - tried} not reached in time" if tried < n else ""
+    slow = ", ".join(f"{t:.2f} s (row {r})" for t, r in out.slowest)
+    print(f"warning: reward {rf.name!r} {out.failure[0]} on a batch of {n} completions: {said}"
+          + (f"; slowest alone: {slow}" if slow else "")
+          + (f"; {running} of its calls that timed out still run (at {MAX_LEFT_RUNNING} the run stops)" if running
+             else "") + ' (on_error = "mask": masked rows are left out of their group and of the loss)',
+          file=sys.stderr, flush=True)
+
+
+def stop_past_masked_share(fns: list[RewardFn], scores: Any, when: str) -> None:
+    """UserError for the first reward that masked more than its ``max_masked_share`` of the samples of
+    ``scores`` (grpocli.rewards.scoring.Scores), scored ``when`` ("at step 3")."""
+    for i, rf in enumerate(fns):
+        rows = scores.masked.get(rf.name, [])
+        share = sum(rows) / len(rows) if rows else 0.0
+        if share > rf.max_masked_share:
+            what, hint = scores.failures.get(rf.name, ("failed", "fix the function"))
+            raise UserError(
+                f"reward {rf.name!r} could not score {sum(rows)} of {len(rows)} samples {when} ({share:.0%}, past "
+                f"rewards[{i}].max_masked_share = {rf.max_masked_share:g}): it {what}",
+                where=f"rewards[{i}] ({rf.name})",
+                valid=f"a share of masked samples up to rewards[{i}].max_masked_share (0 to 1)",
+                hint=(f"{hint}; the warnings above name the rows it failed on; rewards[{i}].on_error = \"raise\" "
+                      "stops at its first failure, naming the row"),
+            )
 
 
 def _locate_row(rescore: Rescore, exc_type: type, n: int, timeout: float | None) -> int | None:

@@ -33,6 +33,7 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -110,12 +111,14 @@ def is_async(fn: Callable[..., Any]) -> bool:
 
 
 def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeouts: list[float | None],
-             before: Callable[[list[int]], None] | None = None) -> list[Any]:
+             before: Callable[[list[int]], None] | None = None, seconds: list[float] | None = None) -> list[Any]:
     """Results of ``fn(**kwargs)`` for each call, in order, each bounded by its timeout in
     seconds (None: no bound); a raised exception, ``os._exit()`` or a timeout comes back as
     Failed. ``before(indices)`` is told which calls start next: the async ones (together), then
-    each sync one."""
+    each sync one. ``seconds``, where given, is filled with each call's wall seconds (an async
+    one's from the start of the async calls to its own result; a sync one's, its own call)."""
     results: list[Any] = [None] * len(calls)
+    took = [0.0] * len(calls)
     coroutines: dict[int, Awaitable[Any]] = {}
     announce = before or (lambda indices: None)
     with exits_caught():
@@ -124,18 +127,22 @@ def call_all(calls: list[tuple[Callable[..., Any], dict[str, Any]]], timeouts: l
                 coroutines[i] = _start(fn, kwargs)
         if coroutines:
             announce(list(coroutines))
-        pending = _submit(coroutines, timeouts, calls) if coroutines else None
+        pending = _submit(coroutines, timeouts, calls, took) if coroutines else None
         late: dict[int, Awaitable[Any]] = {}
         for i, (fn, kwargs) in enumerate(calls):
             if i in coroutines:
                 continue
             announce([i])
+            t0 = time.perf_counter()
             results[i] = _call_sync(fn, kwargs, None if runs_inline(fn) else timeouts[i])
+            took[i] = time.perf_counter() - t0
             if inspect.isawaitable(results[i]):  # a sync callable that hands back a coroutine
                 late[i] = results[i]
-        for batch in (pending, _submit(late, timeouts, calls) if late else None):
+        for batch in (pending, _submit(late, timeouts, calls, took) if late else None):
             for i, value in (batch.wait() if batch is not None else {}).items():
                 results[i] = value
+    if seconds is not None:
+        seconds[:] = took
     return results
 
 
@@ -263,10 +270,17 @@ class _Batch:
 
 
 def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None],
-            calls: list[tuple[Callable[..., Any], dict[str, Any]]]) -> _Batch:
-    async def one(aw: Awaitable[Any], timeout: float | None) -> Any:
+            calls: list[tuple[Callable[..., Any], dict[str, Any]]], took: list[float]) -> _Batch:
+    """The coroutines on the shared loop; each one's seconds land in ``took`` (its timeout's when the
+    loop stops answering)."""
+    start = time.perf_counter()
+    for i in coroutines:
+        took[i] = timeouts[i] or 0.0  # stays so only if the loop never answers
+
+    async def one(i: int, aw: Awaitable[Any], timeout: float | None) -> Any:
         task = asyncio.ensure_future(_guarded(aw))
         done, _ = await asyncio.wait({task}, timeout=timeout)
+        took[i] = time.perf_counter() - start
         if done:
             try:
                 return task.result()
@@ -277,7 +291,7 @@ def _submit(coroutines: dict[int, Awaitable[Any]], timeouts: list[float | None],
         return Failed(RewardTimeout(timeout or 0, stuck_at))
 
     async def gather() -> dict[int, Any]:
-        values = await asyncio.gather(*(one(aw, timeouts[i]) for i, aw in coroutines.items()))
+        values = await asyncio.gather(*(one(i, aw, timeouts[i]) for i, aw in coroutines.items()))
         return dict(zip(coroutines, values))
 
     bounds = [timeouts[i] for i in coroutines]

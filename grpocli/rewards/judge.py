@@ -38,6 +38,7 @@ from grpocli.recipe.section import Section
 from grpocli.registry.contracts import recipe_args
 from grpocli.registry.hookspecs import REWARD_KEYWORDS
 from grpocli.rewards.text import completion_text
+from grpocli.rewards.timings import RowClock
 from grpocli.rewards.verdicts import MAX_PARSED_CHARS, normalized, parse_score
 
 DEFAULT_RUBRIC = (
@@ -274,9 +275,16 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
     bench = judge_for(args)
     requests = [_messages(args, p, c, {k: v[i] for k, v in columns.items()}) for i, (p, c)
                 in enumerate(zip(prompts, completions))]
+    clock = RowClock(n, kwargs)  # each row's request, from its start (grpocli.rewards.timings)
+
+    def ask(row: int, messages: list[dict[str, Any]]) -> tuple[str | None, bool]:
+        with clock.row(row):
+            return bench.ask(messages)
+
     with ThreadPoolExecutor(max_workers=min(args.concurrency, max(n, 1)), thread_name_prefix="grpo-judge") as pool:
-        futures = [pool.submit(bench.ask, messages) for messages in requests]
+        futures = [pool.submit(ask, row, messages) for row, messages in enumerate(requests)]
     answers = [f.result() for f in futures]  # the first failure raises, after every request ended
+    clock.report()
     replies = [reply for reply, _ in answers]
     scores = [parse_score(r, args.score_min, args.score_max, strict=args.strict, completion=completion_text(c))
               for r, c in zip(replies, completions)]  # a verdict the completion holds is not the judge's
@@ -287,6 +295,7 @@ def judge(prompts: list, completions: list, **kwargs: Any) -> list[float | None]
 
 
 judge.check_args = check_args  # run with the recipe's args and the dataset's columns (arguments.py)
+judge.takes_row_seconds = True  # reports each request's seconds (grpocli.rewards.timings)
 #: Set by the operator of a reward server alone (grpo reward-serve --args), never by a request: where the
 #: replies come from and which of the server's variables goes there as the key.
 judge.operator_args = ("base_url", "api_key_env")

@@ -78,6 +78,7 @@ class RemoteRewardError(RuntimeError):
     """The reward raised (or timed out) on its server; the server's words in the message."""
 
     whole_batch = True
+    rows_alone = True  # on_error = "mask": its rows scored alone (one request each) find those it fails on
 
     def __init__(self, url: str, detail: str) -> None:
         super().__init__(f"failed on its server {url}: {detail}")
@@ -156,11 +157,14 @@ class RemoteReward:
         self._down: dict[str, float] = {}  # url -> monotonic time until which it is passed over
         self._lock = threading.Lock()
 
+    takes_row_seconds = True  # forwards the server's row_seconds (grpocli.rewards.timings)
+
     def __repr__(self) -> str:
         return f"RemoteReward({self.name!r} at {', '.join(self.urls)})"
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float | None]:
         log_extra, log_metric = kwargs.pop("log_extra", None), kwargs.pop("log_metric", None)
+        log_row_seconds = kwargs.pop("log_row_seconds", None)  # what the server's reward reported (row_seconds)
         state, ids = kwargs.pop("trainer_state", None), kwargs.pop("completion_ids", None)
         for key in self.args:  # what the reward gets as args is sent once, not as columns
             kwargs.pop(key, None)
@@ -171,14 +175,20 @@ class RemoteReward:
                   "trainer_state": state_fields(state)}
         answers = self._score_parts(self._parts(n), common, prompts, completions, ids, kwargs)
         scores: list[float | None] = []
+        row_seconds: list[float | None] = []  # an older server's answer has none: None for its rows
         for answer in answers:
             scores.extend(answer.scores)
+            rows = answer.row_seconds
+            fits = rows is not None and len(rows) == len(answer.scores)
+            row_seconds.extend(rows if fits else [None] * len(answer.scores))
             for column, values in answer.log_extra.items():
                 if log_extra is not None:
                     log_extra(column, values)
             for metric, values in answer.log_metric.items():
                 for value in values if log_metric is not None else ():
                     log_metric(metric, value)
+        if callable(log_row_seconds) and any(s is not None for s in row_seconds):
+            log_row_seconds(row_seconds)
         return scores
 
     # -- splitting the batch -------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Follows TRL's GRPOTrainer (``_calculate_rewards``): every reward gets ``prompts=``,
 ``completions=`` (and ``completion_ids=``) plus each dataset column by name; None means "does
-not apply" and counts as 0 in the weighted sum (TRL's nansum). The "gated" combination is
-open-instruct's non-additive format reward: the other rewards count only where every gate
-(format) reward is > 0.
+not apply" and counts as 0 in the weighted sum (TRL's nansum); a reward that *fails* (raises, times
+out, its server fails) under ``on_error = "mask"`` (the default; TRL raises: ``"raise"``) has the
+rows it could not score masked (``Scores.masked``, grpocli.rewards.failures), not 0. The "gated"
+combination is open-instruct's non-additive format reward: the other rewards count only where
+every gate (format) reward is > 0.
 
 TRL 1.16's other keywords reach them too (the reward contract's
 ``grpocli.registry.hookspecs.REWARD_KEYWORDS``): ``trainer_state`` (a
@@ -29,9 +31,10 @@ from grpocli.errors import UserError
 from grpocli.recipe.bounds import MAX_ABS_REWARD
 from grpocli.rewards.arguments import RESERVED, check_reward_args
 from grpocli.rewards.factories import build, is_factory
-from grpocli.rewards.failures import fail, short
+from grpocli.rewards.failures import fail, mask_rows, short
 from grpocli.rewards.invocation import Failed, accepted_kwargs, call_all, call_one
 from grpocli.rewards.references import lookup
+from grpocli.rewards.timings import RowSeconds, collected, ignored, keyword
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import RewardSpec
@@ -50,8 +53,9 @@ class RewardFn:
     weight: float = 1.0
     args: dict[str, Any] = field(default_factory=dict)
     gate: bool = False
-    on_error: Literal["raise", "none"] = "raise"
+    on_error: Literal["mask", "raise", "none"] = "mask"
     timeout: float | None = None  # seconds per call; None: no bound (rewards[i].timeout, 0 = None)
+    max_masked_share: float = 0.5  # share of a step's samples it may mask before the run stops
 
 
 @dataclass
@@ -80,12 +84,17 @@ class RewardLog:
 class Scores:
     """Per-reward values (None where a reward does not apply or failed), the weighted total,
     how many rows each reward scored None because it raised (with on_error = "none"), and
-    what the rewards logged (TRL's log_extra / log_metric)."""
+    what the rewards logged (TRL's log_extra / log_metric); the rows each reward could not score
+    (on_error = "mask": value None, total meaningless) and what it did; each reward's call seconds."""
 
     per_reward: dict[str, list[float | None]]
     total: list[float]
     errors: dict[str, int]
     logged: RewardLog = field(default_factory=RewardLog)
+    masked: dict[str, list[bool]] = field(default_factory=dict)  # [N] each reward: True where it could not score
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # each that masked rows: what it did, what to do
+    seconds: dict[str, float] = field(default_factory=dict)      # each reward's batch call, wall seconds
+    row_seconds: dict[str, list[float | None]] = field(default_factory=dict)  # [N] where known (timings)
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -151,25 +160,34 @@ def score(
     log = RewardLog()
     context = {"trainer_state": state if state is not None else trainer_state(),
                "log_extra": log.log_extra, "log_metric": log.log_metric}
-    calls = [(rf.fn, reward_kwargs(i, rf, prompts, completions, columns, completion_ids, context))
+    clocks = [RowSeconds(len(completions)) for _ in fns]  # what each reports of its rows (grpocli.rewards.timings)
+    calls = [(rf.fn, reward_kwargs(i, rf, prompts, completions, columns, completion_ids,
+                                   {**context, **keyword(rf.fn, clocks[i].log_row_seconds)}))
              for i, rf in enumerate(fns)]
     timeouts = [rf.timeout if timeout is None else timeout for rf in fns]
     before = None if doing is None else (lambda indices: doing(", ".join(repr(fns[k].name) for k in indices)))
-    outcomes = call_all(calls, timeouts, before)
+    seconds: list[float] = []
+    outcomes, n = call_all(calls, timeouts, before, seconds), len(completions)
     per_reward: dict[str, list[float | None]] = {}
     errors: dict[str, int] = {}
+    masked, failures = {rf.name: [False] * n for rf in fns}, {}
     for i, (rf, outcome) in enumerate(zip(fns, outcomes)):
-        if isinstance(outcome, Failed):
-            rescore = _rescorer(i, rf, prompts, completions, columns, completion_ids, context)
-            fail(i, rf, outcome.exc, completions, columns, timeouts[i], rescore)
-            per_reward[rf.name] = [None] * len(completions)
-            errors[rf.name] = len(completions)
+        if not isinstance(outcome, Failed):
+            per_reward[rf.name] = check_values(i, rf, outcome, n)
+        elif rf.on_error == "mask":  # the rows scored again one by one, those that fail masked
+            found = mask_rows(i, rf, outcome.exc, n, timeouts[i], _rescorer(i, rf, prompts, completions, columns,
+                              completion_ids, context), lambda one, i=i, rf=rf: check_values(i, rf, one, 1)[0])
+            per_reward[rf.name], masked[rf.name], failures[rf.name] = found.values, found.masked, found.failure
+            clocks[i].rescored(found.seconds)
         else:
-            per_reward[rf.name] = check_values(i, rf, outcome, len(completions))
+            fail(i, rf, outcome.exc, completions, columns, timeouts[i],
+                 _rescorer(i, rf, prompts, completions, columns, completion_ids, context))
+            per_reward[rf.name], errors[rf.name] = [None] * n, n
     weights, gates = [rf.weight for rf in fns], [rf.gate for rf in fns]
     total = COMBINATIONS[combination](list(per_reward.values()), weights, gates)
     _check_totals(fns, per_reward, total)
-    return Scores(per_reward, total, errors, log)
+    return Scores(per_reward, total, errors, log, masked, failures, {rf.name: t for rf, t in zip(fns, seconds)},
+                  collected([rf.name for rf in fns], clocks, timeouts))
 
 
 def fresh(value: Any) -> Any:
@@ -188,7 +206,8 @@ def fresh(value: Any) -> Any:
 
 def reward_metrics(scores: Scores) -> dict[str, float]:
     """TRL's per-reward metrics: rewards/<name>/mean and /std over non-None values (left out when
-    every value is None), plus rewards/<name>/num_none and, where it raised, /num_errors."""
+    every value is None), plus rewards/<name>/num_none and, where it raised, /num_errors (on_error =
+    "none") or /masked (on_error = "mask": the rows it could not score, also in num_none)."""
     out: dict[str, float] = {}
     for name, values in scores.per_reward.items():
         present = [v for v in values if v is not None]
@@ -198,12 +217,14 @@ def reward_metrics(scores: Scores) -> dict[str, float]:
         out[f"rewards/{name}/num_none"] = float(len(values) - len(present))
         if scores.errors.get(name):
             out[f"rewards/{name}/num_errors"] = float(scores.errors[name])
+        if any(scores.masked.get(name, ())):
+            out[f"rewards/{name}/masked"] = float(sum(scores.masked[name]))
     return out
 
 
 def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
-    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error,
-    timeout (0 or absent: no bound) and, for reward models, batch_size and device).
+    """RewardFns from [[rewards]] entries (objects with name, weight, args, gate, on_error, timeout
+    (0 or absent: no bound), max_masked_share (absent: 0.5), for reward models batch_size, device).
 
     A name is a registered reward, ``module:function``, ``path/to/file.py:function`` or a reward
     model directory (``grpocli.rewards.references``; registered names first). UserError for a
@@ -236,7 +257,8 @@ def resolve(specs: list[RewardSpec], registry: Registry) -> list[RewardFn]:
         seen[base] += 1
         label = base if seen[base] == 1 else f"{base}#{seen[base]}"
         timeout = float(getattr(spec, "timeout", 0) or 0) or None
-        out.append(RewardFn(label, fn, float(spec.weight), args, bool(spec.gate), spec.on_error, timeout))
+        out.append(RewardFn(label, fn, float(spec.weight), args, bool(spec.gate), spec.on_error, timeout,
+                            float(getattr(spec, "max_masked_share", 0.5))))
     return out
 
 
@@ -244,8 +266,9 @@ def _check_spec(i: int, spec: RewardSpec, fn: Callable[..., Any], remote: bool =
     if not math.isfinite(float(spec.weight)):
         raise UserError(f"weight of reward {spec.name!r} is {spec.weight}", where=f"rewards[{i}].weight",
                         valid="a finite number")
-    if spec.on_error not in ("raise", "none"):
-        raise UserError(f"on_error is {spec.on_error!r}", where=f"rewards[{i}].on_error", valid='"raise", "none"')
+    if spec.on_error not in ("mask", "raise", "none"):
+        raise UserError(f"on_error is {spec.on_error!r}", where=f"rewards[{i}].on_error",
+                        valid='"mask", "raise", "none"')
     timeout = float(getattr(spec, "timeout", 0) or 0)
     if not (math.isfinite(timeout) and timeout >= 0):
         raise UserError(f"timeout of reward {spec.name!r} is {timeout}", where=f"rewards[{i}].timeout",
@@ -303,7 +326,8 @@ def _rescorer(i, rf, prompts, completions, columns, completion_ids, context) -> 
     """Scores one row of the batch with reward ``i`` alone (what it logs is not the batch's)."""
     def rescore(row: int, timeout: float | None) -> Any:
         unlogged = RewardLog()
-        quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric}
+        quiet = {**context, "log_extra": unlogged.log_extra, "log_metric": unlogged.log_metric,
+                 **keyword(rf.fn, ignored)}  # a row scored alone is timed by mask_rows
         return call_one(rf.fn, reward_kwargs(i, rf, prompts, completions, columns, completion_ids, quiet, row=row), timeout)
 
     return rescore

@@ -86,18 +86,20 @@ def _write(run: RunDir, tmp: Path, *, parallel: Parallel, model: Any, tokenizer:
 
 def load_checkpoint(
     path: Path, *, parallel: Parallel, model: Any, optimizer: Any, scheduler: Any, reference: Any = None,
+    lr_scale: float | None = None,
 ) -> dict[str, Any]:
     """Restore weights, optimizer, learning rate, this process's RNG (and a saved reference); return state.json.
 
     The learning rate follows the schedule of the recipe being resumed (the scheduler is stepped to
-    the checkpoint's step), so a run extended with a larger train.steps decays over the new length.
+    the checkpoint's step), so a run extended with a larger train.steps decays over the new length;
+    times `lr_scale` (None: the checkpoint's own, which train.guard's rollbacks lower).
     Call it after every seeding: the RNG state it restores is the one the saved run had at step N.
     A file that cannot be loaded (damage past its header, a model of another shape) is a UserError.
     """
     try:
         state = json.loads((path / "trainer" / "state.json").read_text(encoding="utf-8"))
         parallel.load_weights(path, model=model, optimizer=optimizer, reference=reference)
-        _fast_forward(scheduler, state["step"])
+        _fast_forward(scheduler, state["step"], state.get("lr_scale", 1.0) if lr_scale is None else lr_scale)
         _load_rng(path, parallel.rank)
         return state
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as err:
@@ -134,13 +136,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fast_forward(scheduler: Any, step: int) -> None:
-    """Step a fresh scheduler to `step`: the learning rate of the current schedule at that step."""
+def _fast_forward(scheduler: Any, step: int, lr_scale: float = 1.0) -> None:
+    """Step the scheduler from its start to `step`: the learning rate of the current schedule at that step,
+    times `lr_scale` from then on (a scheduler that has stepped past it, as in a rollback, starts again)."""
     import warnings
 
+    scheduler.base_lrs = [group["initial_lr"] * lr_scale for group in scheduler.optimizer.param_groups]
+    scheduler.last_epoch = -1  # as made: its first step sets the learning rate of step 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
-        for _ in range(step - scheduler.last_epoch):
+        for _ in range(step + 1):
             scheduler.step()
 
 

@@ -37,6 +37,7 @@ import torch
 
 from grpocli.algorithms.packing import choose_layout
 from grpocli.errors import Stopped
+from grpocli.evaluation.live_probes import LiveProbes
 from grpocli.evaluation.periodic import PeriodicEval
 from grpocli.generation.base import Generated, Sampling
 from grpocli.parallel.trackers import prefixed
@@ -45,9 +46,11 @@ from grpocli.reference.client import ReferenceClient
 from grpocli.reference.mixing import refresh_reference
 from grpocli.rewards.scoring import trainer_state
 from grpocli.rundir import RunDir, stopped_run
-from grpocli.trainer.batching import logprob_chunks, optimizer_batches
+from grpocli.trainer.autofit import first_peak
+from grpocli.trainer.batching import optimizer_batches
 from grpocli.trainer.checkpoint import save_checkpoint
 from grpocli.trainer.completion_log import completion_rows, print_completions
+from grpocli.trainer.guard import Guard
 from grpocli.trainer.metrics import (
     computed_metrics,
     cycle_shares,
@@ -59,18 +62,18 @@ from grpocli.trainer.metrics import (
     write_rollouts,
 )
 from grpocli.trainer.mismatch import importance_weights, mismatch_metrics
-from grpocli.trainer.observer import FrozenPasses, Lengths, Overlap, StepObserver, StepRecord
+from grpocli.trainer.observer import StepObserver, StepRecord
 from grpocli.trainer.offloading import ActivationOffloading
 from grpocli.trainer.pipeline import InflightPipeline
 from grpocli.trainer.prefetch import Prefetcher
+from grpocli.trainer.refill import more_rounds
+from grpocli.trainer.resizing import Resizing
 from grpocli.trainer.rollouts import (
     Batch,
     Rollouts,
     Sampled,
     Slice,
     compute_advantages,
-    flat_groups,
-    keep_informative,
     score_rollouts,
 )
 from grpocli.trainer.session import Session, TrainingStopped, is_due
@@ -123,6 +126,10 @@ class Loop:
                                             parallel=s.parallel, run_root=s.run.root, turns=s.turns,
                                             datasets=s.datasets)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
+        self.guard = Guard(s)  # train.guard: non-finite, KL, entropy after each step (grpocli.trainer.guard)
+        self.probes = LiveProbes.open(r, s.reward_fns, s.tokenizer, s.progress, s.run.config,
+                                      on=s.parallel.main and not steps_only)  # the check-rewards probes, live
+        self.resizing = Resizing.of(r, s.parallel, note=lambda text: s.progress.note(text, always=True))  # OOM: split
         self.prefetch = self.pipeline = None
         self.idle_seen = 0.0  # the generation worker's idle seconds so far (async_steps)
         if r.generation.async_steps:
@@ -156,7 +163,9 @@ class Loop:
                 self.record(batch, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan))  # 8
                 self.observe(batch, slices, sl, stats, seconds, completion_tokens=batch.completion_tokens / len(plan),
                              cycle_steps=len(plan))
-            if not self.steps_only:
+                if self.guard.act():  # rolled back to a checkpoint (of this cycle's start or before): generate again
+                    break
+            if not self.steps_only and state.step > cycle_start:  # not after a rollback
                 self.maybe_evaluate(since=cycle_start)
                 self.maybe_checkpoint()
             self.maybe_stop()  # `grpo train` ends a finished run with its summary (grpocli.inspection.run_summary)
@@ -184,15 +193,10 @@ class Loop:
             sampled = [self.sample(rows, generated)]
         else:
             sampled = [self.sample(s.next_rows(n_prompts))]                            # 1-3. [B*G]
-        scored = sampled[0].scored
-        if r.algorithm.fill_batch:  # DAPO dynamic sampling: more rounds until no group is flat
-            for _ in range(r.algorithm.max_fill_rounds):
-                have = sum(int((~flat_groups(x.scored)).sum()) for x in sampled)
-                if s.parallel.fewest(have) >= scored.rollouts.num_prompts:
-                    break
-                sampled.append(self.sample(s.next_rows(n_prompts)))
-            scored = keep_informative([x.scored for x in sampled], scored.rollouts.num_prompts)
-            info["fill_rounds"] = len(sampled) - 1
+        # DAPO's fill rounds until no group is flat (algorithm.fill_batch), or one for groups a failing reward
+        # left with < 2 scored samples (grpocli.trainer.refill); `sampled` gets each round
+        scored = more_rounds(sampled, lambda n: self.sample(s.next_rows(n)), r.algorithm, s.parallel, info,
+                             n_prompts=n_prompts, may_refill=not (self.pipeline or self.prefetch))
         seconds = {"time/generation": sum((x.generation_s for x in sampled), waited),
                    "time/rewards": sum(x.rewards_s for x in sampled)}
         self.doing("advantages (every process's rewards gathered)")
@@ -249,21 +253,19 @@ class Loop:
         self.doing("frozen log-prob passes (old policy, reference)")
         out, layout = [], choose_layout(policy)
         for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
-                                               train=r.train, layout=layout,
+                                               train=self.resizing.train, layout=layout,
                                                zero_advantage_rows_matter=self.settings.zero_advantage_rows_matter):
             t0 = time.perf_counter()
             mbs = ob.micro_batches
             correct = r.vllm.importance_sampling_correction and part.rollouts.engine_logprobs is not None
-            chunks = logprob_chunks(part.rollouts, mbs, max_sequences=r.train.logprob_micro_batch_size,  # the passes
-                                    packed=r.train.max_tokens_per_micro_batch is not None, layout=layout)
             old = None  # the policy that generated, or the ratio to the engine, needs it
             if moves or correct:
-                old = frozen_logprobs(p, policy, mbs, temperature, chunks)
+                old = self.frozen(policy, part.rollouts, mbs, layout)
             ref, local_ref = None, False
             if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
                 ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
             elif s.reference is not None:
-                ref, local_ref = frozen_logprobs(p, s.reference, mbs, temperature, chunks), True
+                ref, local_ref = self.frozen(s.reference, part.rollouts, mbs, layout), True
             weights, mismatch = None, {}
             if correct:
                 weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
@@ -272,14 +274,23 @@ class Loop:
                              passes=(old is not None) + local_ref))
         return out
 
+    def frozen(self, model: Any, rollouts: Rollouts, mbs: tuple, layout: Any) -> tuple[torch.Tensor, ...]:
+        """A model's log-probs of the micro-batches without gradient, in smaller passes after an out-of-memory."""
+        def run(chunks: tuple | None) -> tuple[torch.Tensor, ...]:
+            return frozen_logprobs(self.s.parallel, model, mbs, self.settings.temperature, chunks,
+                                   budget=self.resizing.budget)
+        return self.resizing.frozen(run, rollouts, mbs, layout, self.s.state.step + 1)
+
     # -- phases 6-7 ----------------------------------------------------------------------
     def update(self, sl: Slice) -> dict[str, float]:
         """One optimizer step; its statistics (summed over processes), learning rate and time."""
         s, r = self.s, self.s.recipe
         self.doing("update (forward and backward passes, gradient all-reduce)")
         t0 = time.perf_counter()
-        stats = optimizer_step(s.parallel, s.model, s.optimizer, sl.batch, sl.frozen, self.settings,
-                               max_grad_norm=r.train.max_grad_norm, offload=self.offload)
+        stats, _ = self.resizing.step(  # split and redone after an out-of-memory (grpocli.trainer.resizing)
+            lambda x: optimizer_step(s.parallel, s.model, s.optimizer, x.batch, x.frozen, self.settings,
+                                     max_grad_norm=r.train.max_grad_norm, offload=self.offload,
+                                     budget=self.resizing.budget), sl, choose_layout(s.policy), s.state.step + 1)
         lr = s.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skipped update still advances the schedule
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
@@ -315,6 +326,8 @@ class Loop:
         p, step = s.parallel, s.state.step
         self.doing("metrics (every process's figures gathered)", done=True)
         step_time = sum(seconds.values())
+        memory = self.resizing.metrics()  # memory/oom_splits, memory/peak
+        first_peak(s, memory.get("memory/peak"))  # what "auto" chose against what the first step took
         metrics: dict[str, Any] = {
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
             **reward_summary(p, sl.scored), **length_metrics(p, sl.scored.rollouts),
@@ -322,11 +335,11 @@ class Loop:
             **computed_metrics(stats),
             "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
             **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio") if k in stats},
-            "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info,
+            "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info, **memory,
             "tokens_per_second": completion_tokens / step_time if step_time else 0.0, "step_time": step_time,
         }
-        if stats["skipped"] and stats["tokens"]:
-            s.nonfinite(metrics)
+        metrics.update(self.probes.after(step, sl.scored))  # eval.reward_probes_every: check-rewards' probes (main)
+        self.guard.check(metrics)  # a trip marks the line (guard/tripped); it is acted on once the step is recorded
         if p.main:
             s.metrics.write(metrics)
             if sl.scored.logged_metrics or sl.scored.extra:  # rewards' log_metric / log_extra names
@@ -345,13 +358,9 @@ class Loop:
         """The step's StepRecord to the observer, if any (grpocli.trainer.observer)."""
         if self.observer is None:
             return
-        wall = time.perf_counter() - self.observed_at
-        self.observer.on_step(StepRecord(
-            step=self.s.state.step, seconds=dict(seconds), wall=wall, completion_tokens=completion_tokens,
-            cycle_steps=cycle_steps, generated=Lengths.of(batch.scored.rollouts, model_only=True),
-            frozen=tuple(FrozenPasses(Lengths.of(x.scored.rollouts, x.advantages.keep), x.passes) for x in slices),
-            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=bool(stats["skipped"]),
-            overlap=Overlap.of(batch.info, batch.seconds["time/generation"])))
+        self.observer.on_step(StepRecord.of(
+            self.s.state.step, batch, slices, sl, skipped=bool(stats["skipped"]), seconds=seconds,
+            wall=time.perf_counter() - self.observed_at, completion_tokens=completion_tokens, cycle_steps=cycle_steps))
         self.observed_at = time.perf_counter()  # the observer's time is not the next step's
 
     def maybe_evaluate(self, *, since: int) -> None:

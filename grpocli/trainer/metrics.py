@@ -18,6 +18,7 @@ import torch
 
 from grpocli.parallel import Parallel
 from grpocli.rewards import Scores, reward_metrics
+from grpocli.rewards.timings import slowest_metrics
 from grpocli.rundir import RunDir, read_jsonl_lines
 from grpocli.trainer.rollouts import Advantages, Rollouts, Scored
 
@@ -142,7 +143,9 @@ def _step(row: dict[str, Any]) -> float:
 def write_rollouts(run: RunDir, step: int, scored: Scored, advantages: Advantages, parallel: Parallel, *,
                    prompt_column: str = "prompt") -> None:
     """rollouts/step-N.jsonl: prompt, completion, each reward, total reward, advantage, and under
-    "columns" the prompt's other dataset columns (the gold answer, ...), as eval's samples.jsonl.
+    "columns" the prompt's other dataset columns (the gold answer, ...), as eval's samples.jsonl;
+    a row some reward could not score (on_error = "mask") has "masked": the names of those rewards;
+    "seconds": each reward's seconds on the row, where known (grpocli.rewards.timings).
 
     Every process must call it: each one's rows are gathered in rank order and the main process
     writes them all; `group` is the group's index over all processes.
@@ -151,6 +154,9 @@ def write_rollouts(run: RunDir, step: int, scored: Scored, advantages: Advantage
     g = rollouts.group_size
     first = parallel.rank * rollouts.num_prompts
     columns = [dataset_columns(row, prompt_column) for row in rollouts.rows]  # [B]
+    masked = [[k for k, v in scored.masked_by.items() if v[i]] for i in range(len(rollouts.completions))]  # [B*G]
+    seconds = [{k: v[i] for k, v in scored.row_seconds.items() if v[i] is not None}  # [B*G] rewards.timings
+               for i in range(len(rollouts.completions))]
     rows = [{
         "step": step,
         "group": first + i // g,
@@ -165,6 +171,8 @@ def write_rollouts(run: RunDir, step: int, scored: Scored, advantages: Advantage
         **({"extra": {k: _jsonable(v[i] if i < len(v) else None) for k, v in scored.extra.items()}}
            if scored.extra else {}),
         **({"conversation": rollouts.conversations[i]} if rollouts.conversations is not None else {}),
+        **({"masked": masked[i]} if masked[i] else {}),
+        **({"seconds": seconds[i]} if seconds[i] else {}),
     } for i, completion in enumerate(rollouts.completions)]
     rows = parallel.gather_rows(rows)
     if not parallel.main:
@@ -207,7 +215,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def reward_summary(parallel: Parallel, part: Scored) -> dict[str, float]:
-    """reward, reward_std and rewards/<name>/{mean,std,num_none,num_errors} over every process."""
+    """reward, reward_std (over the samples every reward scored: a masked one's total means nothing;
+    NaN when none is) and rewards/<name>/{mean,std,num_none,num_errors,masked,seconds} over every
+    process; /seconds is the slowest process's wall seconds of the reward's batch calls on the
+    generation batch this step's slice came from (fill rounds added; the rescore of masked rows not);
+    /slowest_seconds the slowest row of the step's slice, for rewards that report rows' seconds."""
     rewards = parallel.gather(part.rewards)                                      # [W*B*G]
     per_reward = {}
     for name, values in part.per_reward.items():
@@ -217,9 +229,19 @@ def reward_summary(parallel: Parallel, part: Scored) -> dict[str, float]:
     names = list(part.per_reward)
     errors = parallel.gather(torch.tensor([float(part.errors.get(n, 0)) for n in names]))
     counts = errors.view(-1, len(names)).sum(dim=0).tolist() if names else []  # [R] summed over processes
-    scores = Scores(per_reward, rewards.tolist(), {n: int(c) for n, c in zip(names, counts) if c})
-    return {"reward": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            **reward_metrics(scores)}
+    rows = torch.tensor([part.masked_by.get(n, [False] * len(part.rewards)) for n in names], dtype=torch.float32)
+    masked = (parallel.gather(rows.T.reshape(-1)).view(-1, len(names)) > 0 if names   # [W*B*G, R]
+              else torch.zeros(len(rewards), 0, dtype=torch.bool))
+    scores = Scores(per_reward, rewards.tolist(), {n: int(c) for n, c in zip(names, counts) if c},
+                    masked={n: masked[:, j].tolist() for j, n in enumerate(names)})
+    scored = rewards[~masked.any(dim=1)]                                         # [<= W*B*G]
+    out = {"reward": float(scored.mean()) if len(scored) else math.nan,
+           "reward_std": float(scored.std()) if len(scored) > 1 else 0.0, **reward_metrics(scores)}
+    if part.seconds:  # every process has them (grpocli.trainer.rollouts.score_rollouts)
+        slowest = parallel.gather(torch.tensor([part.seconds.get(n, 0.0) for n in names])).view(-1, len(names))
+        out.update({f"rewards/{n}/seconds": float(t) for n, t in zip(names, slowest.max(dim=0).values.tolist())})
+    out.update(slowest_metrics(parallel, names, part.row_seconds))  # rewards/<name>/slowest_seconds
+    return out
 
 
 def group_metrics(parallel: Parallel, part: Advantages, drop_flat: bool) -> dict[str, float]:

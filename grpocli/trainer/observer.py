@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from grpocli.trainer.rollouts import Rollouts
+    from grpocli.trainer.rollouts import Batch, Rollouts, Slice
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,17 @@ class StepRecord:
     trained: Lengths                   # the step's optimizer batch; keep: the rollouts in its loss
     skipped: bool                      # the update was skipped (no row computed, or a non-finite gradient)
     overlap: Overlap | None = None     # generation.pipeline = "inflight": the cycle's waits and staleness
+
+    @classmethod
+    def of(cls, step: int, batch: Batch, slices: list[Slice], sl: Slice, *, skipped: bool, seconds: dict[str, float],
+           wall: float, completion_tokens: float, cycle_steps: int) -> StepRecord:
+        """The record of the step the loop just took on `sl`, one of the cycle's `slices` of `batch`."""
+        return cls(
+            step=step, seconds=dict(seconds), wall=wall, completion_tokens=completion_tokens, cycle_steps=cycle_steps,
+            generated=Lengths.of(batch.scored.rollouts, model_only=True),
+            frozen=tuple(FrozenPasses(Lengths.of(x.scored.rollouts, x.advantages.keep), x.passes) for x in slices),
+            trained=Lengths.of(sl.scored.rollouts, sl.advantages.keep), skipped=skipped,
+            overlap=Overlap.of(batch.info, batch.seconds["time/generation"]))
 
     @property
     def other(self) -> float:

@@ -10,6 +10,11 @@ of them to some groups (the optimizer batches of a cycle); DAPO's fill rounds ar
 `Scored.concat` and cut to their informative groups (`keep_informative`). Phases 3 and 4
 themselves are here too: `score_rollouts`, the rewards of the rollouts, and `compute_advantages`,
 the group-relative advantages over every process's groups.
+
+A sample a reward could not score (`[[rewards]] on_error = "mask"`: `Scored.masked`) is left out
+of its group's statistics, gets advantage 0 and is out of the loss (`Advantages.keep` False, as a
+row of a dropped group); a group left with fewer than 2 scored samples counts as flat (refilled
+by fill_batch, else by grpocli.trainer.refill) and is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
 from grpocli.algorithms.variants import ADVANTAGES
 from grpocli.rewards import score
+from grpocli.rewards.failures import stop_past_masked_share
 
 if TYPE_CHECKING:
     from grpocli.multiturn.turns import TurnStats
@@ -118,6 +124,18 @@ class Scored:
     errors: dict[str, int] = field(default_factory=dict)  # rows each reward scored None because it raised
     extra: dict[str, list[Any]] = field(default_factory=dict)  # [B*G] each: rewards' log_extra columns
     logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
+    masked_by: dict[str, list[bool]] = field(default_factory=dict)  # [B*G] each: rows the reward could not score
+    seconds: dict[str, float] = field(default_factory=dict)  # each reward's batch calls, wall seconds (all rounds)
+    row_seconds: dict[str, list[float | None]] = field(default_factory=dict)  # [B*G] each where known (timings)
+
+    @property
+    def masked(self) -> torch.Tensor:
+        """`bool [B*G]`: the rows some reward could not score (on_error = "mask")."""
+        n = len(self.rollouts.completion_ids)
+        out = torch.zeros(n, dtype=torch.bool)
+        for rows in self.masked_by.values():
+            out |= torch.tensor(rows, dtype=torch.bool)
+        return out
 
     def extra_column(self, name: str) -> list[Any]:
         """A log_extra column, one value per completion (None where a reward logged none)."""
@@ -125,13 +143,14 @@ class Scored:
         return [values[i] if i < len(values) else None for i in range(len(self.rollouts.completion_ids))]
 
     def select(self, groups: list[int]) -> Scored:
-        """Only the given prompt groups (in that order); the error counts and logged metrics stay whole."""
+        """Only the given prompt groups (in that order); the error counts, seconds and logged metrics stay whole."""
         idx = completions_of(groups, self.rollouts.group_size)
         return Scored(
             rollouts=self.rollouts.select(groups), rewards=self.rewards[torch.tensor(idx, dtype=torch.long)],
             per_reward={k: [v[i] for i in idx] for k, v in self.per_reward.items()}, errors=dict(self.errors),
             extra={k: [v[i] if i < len(v) else None for i in idx] for k, v in self.extra.items()},
-            logged_metrics=self.logged_metrics,
+            logged_metrics=self.logged_metrics, masked_by={k: [v[i] for i in idx] for k, v in self.masked_by.items()},
+            seconds=dict(self.seconds), row_seconds={k: [v[i] for i in idx] for k, v in self.row_seconds.items()},
         )
 
     @staticmethod
@@ -147,6 +166,11 @@ class Scored:
             extra={k: [x for p in parts for x in p.extra_column(k)] for k in {k for p in parts for k in p.extra}},
             logged_metrics={k: [x for p in parts for x in p.logged_metrics.get(k, [])]
                             for k in {k for p in parts for k in p.logged_metrics}},
+            masked_by={k: [x for p in parts for x in p.masked_by.get(k, [False] * len(p.rollouts.completion_ids))]
+                       for k in {k for p in parts for k in p.masked_by}},
+            seconds={k: sum(p.seconds.get(k, 0.0) for p in parts) for k in {k for p in parts for k in p.seconds}},
+            row_seconds={k: [x for p in parts for x in p.row_seconds.get(k, [None] * len(p.rollouts.completion_ids))]
+                         for k in {k for p in parts for k in p.row_seconds}},
         )
 
 
@@ -166,8 +190,9 @@ class Advantages:
 
 
 def flat_groups(scored: Scored) -> torch.Tensor:
-    """`bool [B]`: the groups whose rewards have no spread."""
-    return zero_spread_groups(scored.rewards.view(-1, scored.rollouts.group_size))
+    """`bool [B]`: the groups whose (scored) rewards have no spread, or fewer than 2 scored samples."""
+    g, masked = scored.rollouts.group_size, scored.masked
+    return zero_spread_groups(scored.rewards.view(-1, g), mask=~masked.view(-1, g) if masked.any() else None)
 
 
 def keep_informative(parts: list[Scored], n: int) -> Scored:
@@ -199,7 +224,8 @@ def score_rollouts(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recip
                    doing: Callable[[str], None]) -> Scored:
     """The rewards of the rollouts: every reward function called as TRL calls it (`state`: TRL's
     trainer_state keyword; `doing(names)` before each call), the weighted total with DAPO's overlong
-    penalty added, each reward's values, errors counted."""
+    penalty added, each reward's values, errors counted, the rows each could not score (on_error =
+    "mask"; UserError past a reward's max_masked_share of them) and its seconds."""
     column = recipe.data.prompt_column
     columns = rollouts.columns(exclude=(column, "prompt_text"))
     if rollouts.environments is not None:  # TRL's `environments` keyword
@@ -207,12 +233,14 @@ def score_rollouts(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recip
     scores = score(reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
                    recipe.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
                    doing=doing)
+    stop_past_masked_share(reward_fns, scores, f"at step {state.global_step + 1}")
     total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
     op = recipe.algorithm.overlong_penalty
     if op.buffer_length:
         total += overlong_penalty(rollouts.completion_lengths(), recipe.generation.max_completion_length,
                                   op.buffer_length, op.penalty)
-    return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics)
+    return Scored(rollouts, total, scores.per_reward, scores.errors, scores.logged.columns, scores.logged.metrics,
+                  scores.masked, scores.seconds, scores.row_seconds)
 
 
 # -- phase 4: advantages over every process's groups -------------------------------------
@@ -222,25 +250,32 @@ def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmS
 
     An estimator that `needs_components` (GDPO's normalize_then_sum) also gets every reward's own
     values; for it a group is flat only where every one of those has no spread (equal totals
-    can hide rewards that differ, which such an estimator still tells apart).
+    can hide rewards that differ, which such an estimator still tells apart). Masked samples
+    (`Scored.masked`) are out of every statistic, get advantage 0 and stay out of the loss; a
+    group with fewer than 2 scored samples is flat and dropped whatever drop_zero_spread_groups says.
     """
     a, g = algorithm, scored.rollouts.group_size
     entry = ADVANTAGES[a.advantage_scale]
     everyone = parallel.gather(scored.rewards).view(-1, g)                      # [W*B, G]
+    masked = parallel.gather(scored.masked.float()).view(-1, g) > 0              # [W*B, G]
+    mask = ~masked if masked.any() else None                                     # [W*B, G] scored; None: all
     if entry.needs_components:
         values, weights = reward_components(scored, a, max_completion_length, reward_fns)  # [B*G, R], [R]
         n = values.shape[1]
         parts = parallel.gather(values.reshape(-1)).view(-1, g, n)              # [W*B, G, R]
-        adv = entry.fn(everyone, components=parts, weights=weights)             # [W*B, G]
-        all_flat = torch.stack([zero_spread_groups(parts[..., k]) for k in range(n)]).all(dim=0)  # [W*B]
+        adv = entry.fn(everyone, components=parts, weights=weights, mask=mask)  # [W*B, G]
+        all_flat = torch.stack([zero_spread_groups(parts[..., k], mask=mask) for k in range(n)]).all(dim=0)  # [W*B]
     else:
-        adv = entry.fn(everyone)                                                 # [W*B, G]
-        all_flat = zero_spread_groups(everyone)                                  # [W*B]
+        adv = entry.fn(everyone, mask=mask)                                      # [W*B, G]
+        all_flat = zero_spread_groups(everyone, mask=mask)                       # [W*B]
     b, rank = scored.rollouts.num_prompts, parallel.rank
     flat = all_flat[rank * b : (rank + 1) * b]                                   # [B]
     keep = ~flat if a.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+    mine = masked[rank * b : (rank + 1) * b]                                     # [B, G]
+    if mask is not None:
+        keep &= g - mine.sum(dim=1) >= 2                                         # >= 2 scored samples
     return Advantages(values=adv[rank * b : (rank + 1) * b].reshape(-1), flat=flat,  # [B*G], [B]
-                      keep=keep.repeat_interleave(g))                                # [B*G]
+                      keep=keep.repeat_interleave(g) & ~mine.reshape(-1))            # [B*G]
 
 
 def reward_components(scored: Scored, algorithm: AlgorithmSection, max_completion_length: int,

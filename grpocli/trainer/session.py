@@ -23,6 +23,7 @@ from grpocli.recipe import Recipe, Resolved, sources_json, to_toml
 from grpocli.recipe.resume import Change, check_resume, saved_recipe
 from grpocli.rewards import RewardFn
 from grpocli.rundir import RunDir, resume_point
+from grpocli.trainer.autofit import Fit, fit_micro_batch, record
 from grpocli.trainer.metrics import MetricsLog, Progress
 from grpocli.trainer.rollouts import Scored
 
@@ -35,9 +36,8 @@ if TYPE_CHECKING:
 
 
 class TrainingStopped(UserError):
-    """Training stopped on purpose (non-finite loss with on_nonfinite_loss='raise')."""
-
-    exit_code = 1
+    """Training stopped on purpose, exit 2: train.guard tripped with action 'stop' (or no rollback was left),
+    or a non-finite loss with on_nonfinite_loss = 'raise' (grpocli.trainer.guard)."""
 
 
 @dataclass
@@ -49,10 +49,11 @@ class RunState:
     pending_rows: list[dict[str, Any]] | None = None  # rows the curriculum chose for the next batch
     unfinished: list[int] = field(default_factory=list)  # stream positions of groups generated in flight and not
                                                          # yet trained (generation.pipeline = "inflight"): again first
+    lr_scale: float = 1.0                           # the learning rate's factor after train.guard's rollbacks
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "num_tokens": self.num_tokens, "curriculum_state": self.curriculum_state,
-                "pending_rows": self.pending_rows, "unfinished": list(self.unfinished)}
+                "pending_rows": self.pending_rows, "unfinished": list(self.unfinished), "lr_scale": self.lr_scale}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (which was saved at its own step)."""
@@ -61,6 +62,7 @@ class RunState:
         self.curriculum_state = dict(state.get("curriculum_state") or {})
         self.pending_rows = state.get("pending_rows")
         self.unfinished = [int(p) for p in state.get("unfinished") or []]
+        self.lr_scale = float(state.get("lr_scale", 1.0))
 
     def take_pending(self) -> list[dict[str, Any]] | None:
         """The rows the curriculum chose, once (None when it chose none)."""
@@ -103,6 +105,7 @@ class Session:
     metrics: MetricsLog | None = None  # main process only
     state: RunState = field(default_factory=RunState)
     watch: Watch = field(default_factory=Watch)
+    fit: Fit | None = None  # what train.micro_batch_size = "auto" became, and why (grpocli.trainer.autofit)
 
     @property
     def recipe(self) -> Recipe:
@@ -133,7 +136,9 @@ class Session:
         early = preflight(r) if r.train.num_train_epochs is not None else None
         rows = len(early.dataset) if early else 0
         resume_from = resume_point(run, r.train.resume, resolve_duration(resolved, rows)[0].recipe.train.steps)
-        resolved, durations = resolve_duration(resolved, rows, saved=_saved_train(resume_from, run))
+        saved = _saved(resume_from, run)
+        resolved, durations = resolve_duration(resolved, rows, saved=saved.get("train"))
+        resolved, fit = fit_micro_batch(resolved, saved)  # "auto" sizes, before a model loads (grpocli.trainer.autofit)
         r = resolved.recipe
         changed = check_resume(resolved, resume_from[1], run.config) if resume_from else []
         checked = early or preflight(r)  # names first: a typo should not cost a model load
@@ -159,7 +164,7 @@ class Session:
                 reward_fns=checked.reward_fns, prompts=prompts,
                 stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
                 curriculum=checked.curriculum, turns=turns, datasets=checked.plugins.datasets,
-                progress=Progress(r.log.progress, r.train.steps, parallel.main))
+                progress=Progress(r.log.progress, r.train.steps, parallel.main), fit=fit)
         for note in durations:
             s.progress.note(note, always=parallel.main)
         described, warning = parallel.describe(model), parallel.low_precision_warning(model)
@@ -193,6 +198,9 @@ class Session:
             ran_recipe = r.model_copy(update={"train": r.train.model_copy(update=ran)})
             self.run.config.write_text(to_toml(ran_recipe), encoding="utf-8")
             self.run.config_sources.write_text(sources_json(self.resolved, ran_recipe), encoding="utf-8")
+            if self.fit is not None:
+                record(self.run.config, self.fit.reason())
+                self.progress.note(self.fit.reason(), always=True)
             self.metrics = MetricsLog(self.run, resume_step=self.state.step)
         if r.log.report_to:
             from grpocli.recipe import flatten
@@ -260,17 +268,6 @@ class Session:
         """state.json of a checkpoint: the run's counters, the data position and the seed."""
         return {**self.state.state_dict(), **self.stream.state_dict(), "seed": self.recipe.train.seed}
 
-    def nonfinite(self, metrics: dict[str, Any]) -> None:
-        step = self.state.step
-        if self.recipe.train.on_nonfinite_loss == "raise":
-            raise TrainingStopped(
-                f"the gradient norm at step {step} is not finite (loss {metrics.get('loss')})",
-                where=f"step {step}", valid="finite losses",
-                hint="lower train.learning_rate, set train.max_grad_norm, or on_nonfinite_loss = 'skip'",
-            )
-        if self.parallel.main:
-            self.progress.note(f"step {step}: non-finite gradient norm; the update was skipped", always=True)
-
     def show(self, metrics: dict[str, Any]) -> None:
         """The progress display, and live alerts (no learning signal, truncation, ...) once they start to hold."""
         self.progress.update(metrics, self.recipe.train.steps)
@@ -287,15 +284,15 @@ class Session:
         self.backend.close()
 
 
-def _saved_train(resume_from: tuple[int, Any] | None, run: RunDir) -> dict[str, Any] | None:
-    """The [train] table the checkpoint to resume from was trained with (None: no resume, or no record)."""
+def _saved(resume_from: tuple[int, Any] | None, run: RunDir) -> dict[str, Any]:
+    """The recipe the checkpoint to resume from was trained with, as tables ({}: no resume, or no record)."""
     import tomllib
 
     saved = saved_recipe(resume_from[1], run.config) if resume_from else None
     try:
-        return tomllib.loads(saved[1]).get("train") if saved else None
+        return tomllib.loads(saved[1]) if saved else {}
     except (tomllib.TOMLDecodeError, AttributeError):
-        return None
+        return {}
 
 
 def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:

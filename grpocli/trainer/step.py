@@ -33,6 +33,7 @@ from grpocli.algorithms.variants import KL_ESTIMATORS, LOSSES
 from grpocli.parallel import Parallel
 from grpocli.parallel.strategy import idle_forward
 from grpocli.trainer.batching import MicroBatch, OptimizerBatch, regroup
+from grpocli.trainer.memory_budget import MemoryBudget, OutOfMemory, is_out_of_memory
 from grpocli.trainer.offloading import ActivationOffloading
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ def micro_batch_loss(
 def optimizer_step(
     parallel: Parallel, model: Any, optimizer: torch.optim.Optimizer, batch: OptimizerBatch, frozen: Frozen,
     s: LossSettings, *, max_grad_norm: float, forward: Forward = sequence_logprobs,
-    offload: ActivationOffloading | None = None,
+    offload: ActivationOffloading | None = None, budget: MemoryBudget | None = None,
 ) -> dict[str, float]:
     """Backward over every micro-batch (gradients reduced once, at the last), then one update.
 
@@ -180,7 +181,9 @@ def optimizer_step(
     token; rows not computed, whose advantage is 0, have no clipped token), `grad_norm`, `skipped`, the packing figures
     of `packing_stats` and this process's `time/forward_backward` and `time/optimizer`.
     `forward` computes a micro-batch's log-probs (the model's, unless a test gives others); `offload`
-    (train.activation_offloading) takes what each forward saves for backward to host memory.
+    (train.activation_offloading) takes what each forward saves for backward to host memory. A pass out of
+    memory (a CUDA allocation, or past `budget`: train.memory_limit) raises OutOfMemory on every process
+    once each has run its passes (the rest idle), the gradients cleared and no update made.
     """
     # 1. global counts: every aggregation divides by the whole batch, all processes together
     counts = global_counts(parallel, batch)
@@ -201,18 +204,27 @@ def optimizer_step(
                          device=parallel.device)
     flip = torch.tensor([1.0, -1.0], dtype=torch.float64, device=parallel.device)  # (low_min, high_max) -> least
     passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
+    failed: OutOfMemory | None = None  # a pass past the memory budget: the rest idle, then the step is redone
     for k, mb in enumerate(passes):
         last = k == len(passes) - 1
         with parallel.accumulating(model, last):  # DDP: reduce at the last; DeepSpeed: step after it
-            if mb is None:
-                loss = parallel.idle_loss(model)
-            else:
-                with offload if offload is not None else nullcontext():  # the forward only: backward unpacks
-                    loss, stats = micro_batch_loss(model, mb, frozen.of(k), s, norm, forward)
-                stats = stats.to(totals.device)
-                totals += stats[: len(STAT_KEYS)]
-                least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
-            parallel.backward(loss)  # scaled by the processes: their gradients are averaged
+            if mb is not None and failed is None:
+                try:
+                    stats = _training_pass(parallel, model, mb, frozen.of(k), s, norm, forward, offload, budget)
+                except Exception as exc:  # noqa: BLE001 - only an out-of-memory is kept; the rest raise
+                    if not is_out_of_memory(exc):
+                        raise
+                    failed = _out_of_memory(exc, "training", mb)  # the exception (and its frames) go here
+                else:
+                    totals += stats[: len(STAT_KEYS)]
+                    least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
+                    continue
+            if failed is not None and parallel.size == 1:
+                break
+            parallel.backward(parallel.idle_loss(model))  # scaled by the processes: their gradients are averaged
+    if failed is not None if parallel.size == 1 else parallel.any_process(failed is not None):
+        optimizer.zero_grad(set_to_none=True)  # the step starts again from its saved start: no update was made
+        raise failed or OutOfMemory("training")
     # 3. clip, then step unless the gradient is not finite (DeepSpeed: done in the last backward,
     #    which skips a non-finite update itself; clipping and step only report and do nothing)
     t1 = time.perf_counter()
@@ -226,6 +238,33 @@ def optimizer_step(
                 "clip_high_max": -neg_high_max if math.isfinite(neg_high_max) else math.nan}
     return {**dict(zip(STAT_KEYS, summed)), **extremes, "grad_norm": grad_norm, "skipped": float(skipped),
             **packing, **timings}
+
+
+def _training_pass(parallel: Parallel, model: Any, mb: MicroBatch, frozen: tuple[torch.Tensor | None, ...],
+                   s: LossSettings, norm: LossNorm, forward: Forward, offload: ActivationOffloading | None,
+                   budget: MemoryBudget | None) -> torch.Tensor:
+    """Forward and backward of one micro-batch; its figures (`micro_batch_loss`); OutOfMemory when it took
+    more than the budget (train.memory_limit)."""
+    if budget is not None:
+        budget.start()
+    with offload if offload is not None else nullcontext():  # the forward only: backward unpacks
+        loss, stats = micro_batch_loss(model, mb, frozen, s, norm, forward)
+    parallel.backward(loss)  # scaled by the processes: their gradients are averaged
+    if budget is not None:
+        budget.check("training", mb.num_sequences, _longest(mb))
+    return stats.to(parallel.device)
+
+
+def _longest(mb: MicroBatch) -> int:
+    """Tokens of the micro-batch's longest sequence (prompt + completion; of its widest row, for several)."""
+    return mb.sequence_tokens if mb.num_sequences == 1 else int(mb.input_ids.shape[-1])
+
+
+def _out_of_memory(exc: BaseException, phase: str, mb: MicroBatch) -> OutOfMemory:
+    """What failed, kept without the exception (whose frames hold the pass's tensors)."""
+    if isinstance(exc, OutOfMemory):
+        return exc
+    return OutOfMemory(phase, mb.num_sequences, _longest(mb))
 
 
 #: Counts over all micro-batches of all processes (one all-reduce).
@@ -259,17 +298,36 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 
 @torch.no_grad()
 def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBatch, ...],
-                    temperature: float, chunks: tuple[MicroBatch, ...] | None = None) -> tuple[torch.Tensor, ...]:
+                    temperature: float, chunks: tuple[MicroBatch, ...] | None = None,
+                    budget: MemoryBudget | None = None) -> tuple[torch.Tensor, ...]:
     """The log-probs `[n, T]` of each micro-batch under `model` (the policy before it moves, or the
     reference), on its device; where each forward is a collective, idle passes keep the processes in step.
     `chunks` (grpocli.trainer.batching.logprob_chunks): the passes to run instead of the micro-batches
     (train.logprob_micro_batch_size), their log-probs put back into the micro-batches' shapes."""
-    out = []
+    out, failed = [], None
     with parallel.autocast():  # the policy's mixed precision (a reference's forward has none of its own)
         for mb in parallel.forward_passes(list(micro_batches if chunks is None else chunks)):
-            if mb is None:  # this process has fewer micro-batches than another
-                idle_forward(model)
-                continue
-            logp, _ = sequence_logprobs(model, mb, temperature)
-            out.append(logp.detach())  # on the model's device: the loss reads it there
+            if mb is not None and failed is None:
+                try:
+                    out.append(_logprob_pass(model, mb, temperature, budget))
+                except Exception as exc:  # noqa: BLE001 - only an out-of-memory is kept; the rest raise
+                    if not is_out_of_memory(exc):
+                        raise
+                    failed = _out_of_memory(exc, "log-prob", mb)
+                else:
+                    continue
+            if failed is not None and parallel.size == 1:
+                break
+            idle_forward(model)  # this process has fewer passes than another (or one failed)
+    if failed is not None if parallel.size == 1 else parallel.any_process(failed is not None):
+        raise failed or OutOfMemory("log-prob")
     return tuple(out) if chunks is None else regroup(tuple(out), chunks, micro_batches)
+
+
+def _logprob_pass(model: Any, mb: MicroBatch, temperature: float, budget: MemoryBudget | None) -> torch.Tensor:
+    if budget is not None:
+        budget.start()
+    logp, _ = sequence_logprobs(model, mb, temperature)
+    if budget is not None:
+        budget.check("log-prob", mb.num_sequences, _longest(mb))
+    return logp.detach()  # on the model's device: the loss reads it there

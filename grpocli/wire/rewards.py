@@ -60,6 +60,7 @@ class ScoreAnswer(BaseModel):
     log_extra: dict[str, list[Any]] = Field(default_factory=dict)
     log_metric: dict[str, list[float]] = Field(default_factory=dict)
     seconds: float | None = None
+    row_seconds: list[float | None] | None = None  # each row's, where the reward reported them (log_row_seconds)
 
     @classmethod
     def read(cls, raw: bytes, n: int) -> ScoreAnswer:

@@ -48,6 +48,11 @@ def test_real_steps_of_a_tiny_recipe_are_measured_phase_by_phase(tmp_path):
     f = figures("quickstart", m, matmul_peak("cpu", torch.float32, sizes=(128,), seconds=0.05), fc)
     assert json.loads(json.dumps(f))["flops_per_step"] == pytest.approx(sum(m.steps[1].flops.values()))
     assert 0 < f["mfu"] and "forecast for train.steps = 100" in text(f)
+    from grpocli.planning.headroom import diagnose  # the Bottleneck section `grpo bench` prints, from these lines
+    from grpocli.rundir import read_jsonl
+
+    found = diagnose(read_jsonl(run / "metrics.jsonl"), resolved.recipe)
+    assert (found.bottleneck.first, found.bottleneck.last) == (2, 2) and found.lines()[0].startswith("Bottleneck: ")
 
 
 def _linear_weights(model) -> int:

@@ -92,8 +92,8 @@ def rewards_file(tmp_path: Path) -> Path:
     return path
 
 
-def _reward(path: Path, function: str) -> str:
-    return f'rewards=[{{name="{path}:{function}", timeout={TIMEOUT_S}}}]'
+def _reward(path: Path, function: str) -> str:  # on_error = "raise": stop at the first failure, naming the row
+    return f'rewards=[{{name="{path}:{function}", timeout={TIMEOUT_S}, on_error="raise"}}]'
 
 
 def _train(path: Path, function: str, out: Path):
@@ -160,7 +160,8 @@ def _steps(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_a_reward_that_calls_os_exit_is_named_and_earlier_steps_are_kept(rewards_file, tmp_path):
     out = tmp_path / "run"
-    done = run_grpo("train", "quickstart", *FAST, f'rewards=[{{name="{rewards_file}:exits_hard_at_step_2"}}]',
+    done = run_grpo("train", "quickstart", *FAST,
+                    f'rewards=[{{name="{rewards_file}:exits_hard_at_step_2", on_error="raise"}}]',
                     f"train.output_dir={out}", timeout=240)
     assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
     err = done.stderr

@@ -61,7 +61,7 @@ def test_each_hook_points_at_the_protocol_of_what_it_registers() -> None:
                                              "next_rows")
     assert hookspecs.DATASET_KEYWORDS == ("split", "seed")
     assert hookspecs.REWARD_KEYWORDS == ("prompts", "completions", "completion_ids", "trainer_state", "log_extra",
-                                         "log_metric")
+                                         "log_metric", "log_row_seconds")
 
 
 def test_the_curriculum_keywords_are_those_the_trainer_passes() -> None:

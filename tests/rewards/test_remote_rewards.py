@@ -145,12 +145,14 @@ def test_a_wrong_or_missing_api_key_is_a_clear_error(server, keyed, monkeypatch)
 
 def test_a_reward_that_raises_on_its_server_follows_on_error(server, keyed):
     with pytest.raises(UserError) as info:
-        scored([remote("srv_rewards:boom", server.url)])
+        scored([remote("srv_rewards:boom", server.url, on_error="raise")])
     text = info.value.render()
     assert f"failed on its server {server.url}: raised ValueError: boom on purpose at" in text
     assert "srv_rewards.py:" in text and "rewards[0] (boom)" in text
     quiet = scored([remote("srv_rewards:boom", server.url, on_error="none")])
     assert quiet.per_reward["boom"] == [None] * 4 and quiet.errors == {"boom": 4}
+    masked = scored([remote("srv_rewards:boom", server.url)])  # the default: each row asked alone, all fail
+    assert masked.masked == {"boom": [True] * 4} and masked.errors == {}
     with pytest.raises(UserError, match=r"reward 'srv_rewards:bad_values' returned 'x' \(str\) at row 0"):
         scored([remote("srv_rewards:bad_values", server.url, on_error="none")])  # a bug: never silenced
     with pytest.raises(UserError, match="does not serve 'srv_rewards:nope'.*served: length, srv_rewards:record"):
@@ -167,7 +169,10 @@ def test_no_server_answering_follows_on_error_after_its_retries(keyed, capsys):
     assert quiet.per_reward["length"] == [None] * 4 and quiet.errors == {"length": 4}
     assert f"warning: reward server {url} failed for 'length'" in capsys.readouterr().err
     with pytest.raises(UserError, match=f"could not be scored by its reward server.s. after 3 tries .{url}: "):
-        scored([remote("length", url)])
+        scored([remote("length", url, on_error="raise")])
+    masked = scored([remote("length", url, retries=0)])  # the default: the servers' failure masks the batch
+    assert masked.masked == {"length": [True] * 4} and masked.per_reward["length"] == [None] * 4
+    assert "all 4 rows masked (no row can be scored alone)" in capsys.readouterr().err
 
 
 def test_the_timeout_bounds_the_whole_answer_of_a_server_that_trickles(keyed, capsys):

@@ -53,7 +53,7 @@ async def fine_async(prompts, completions, **kwargs):
 @pytest.mark.parametrize("fn, code", [(exits, 3), (exits_async, 4)])
 def test_sys_exit_in_a_reward_is_an_error_naming_it(fn, code):
     with pytest.raises(UserError) as info:
-        score([RewardFn("bye", fn)], PROMPTS, COMPLETIONS, {})
+        score([RewardFn("bye", fn, on_error="raise")], PROMPTS, COMPLETIONS, {})
     text = str(info.value)
     assert f"reward 'bye' called sys.exit({code}) on row 0 (completion 'a')" in text
     assert "test_reward_hangs.py" in text and "never end the process" in text
@@ -66,7 +66,7 @@ def test_sys_exit_in_a_reward_is_an_error_naming_it(fn, code):
 def test_the_reward_fns_own_timeout_bounds_it_and_the_row_is_found():
     start = time.perf_counter()
     with pytest.raises(UserError) as info:
-        score([RewardFn("slow", hangs_on_ccc, timeout=0.3)], PROMPTS, COMPLETIONS, {})
+        score([RewardFn("slow", hangs_on_ccc, timeout=0.3, on_error="raise")], PROMPTS, COMPLETIONS, {})
     assert time.perf_counter() - start < 3
     text = str(info.value)
     assert "reward 'slow' timed out: no result within 0.3 s on row 2 (completion 'ccc')" in text
@@ -80,7 +80,7 @@ def test_a_blocked_event_loop_is_named_and_replaced(monkeypatch):
     monkeypatch.setattr(invocation, "LOOP_GRACE_S", 0.2)
     start = time.perf_counter()
     with pytest.raises(UserError) as info:
-        score([RewardFn("blocker", blocks_the_loop, timeout=0.2)], PROMPTS, COMPLETIONS, {})
+        score([RewardFn("blocker", blocks_the_loop, timeout=0.2, on_error="raise")], PROMPTS, COMPLETIONS, {})
     assert time.perf_counter() - start < 2.5  # not the 3 s the reward blocks for
     text = str(info.value)
     assert "event loop that async rewards share stopped answering" in text and "must await, never block" in text
@@ -151,7 +151,7 @@ def test_a_reward_that_sets_an_alarm_runs_in_the_main_thread_within_its_timeout(
     assert score([RewardFn("alarmed", alarmed, timeout=5)], PROMPTS, COMPLETIONS, {}).total == [1.0, 2.0, 3.0]
     threads, start = threading.active_count(), time.monotonic()
     with pytest.raises(UserError) as info:  # the timeout still holds, and stops the call
-        score([RewardFn("spins", alarmed_then_spins, timeout=1)], PROMPTS, COMPLETIONS, {})
+        score([RewardFn("spins", alarmed_then_spins, timeout=1, on_error="raise")], PROMPTS, COMPLETIONS, {})
     assert time.monotonic() - start < 8
     text = str(info.value)
     assert "reward 'spins' timed out: no result within 1 s on row 2 (completion 'ccc')" in text, text
@@ -169,7 +169,7 @@ def test_a_reward_that_sets_an_alarm_off_the_main_thread_is_told_what_to_do(fn, 
 
     def off_main():
         try:
-            score([RewardFn("alarmed", fn, timeout=5)], PROMPTS, COMPLETIONS, {})
+            score([RewardFn("alarmed", fn, timeout=5, on_error="raise")], PROMPTS, COMPLETIONS, {})
         except UserError as err:
             box["err"] = err
 
@@ -203,7 +203,7 @@ def forks_then_exits(prompts, completions, **kwargs):
     os._exit(7)
 
 try:
-    score([RewardFn("hard", forks_then_exits, timeout=TIMEOUT)], ["p"], ["a"], {}, state={})  # no transformers
+    score([RewardFn("hard", forks_then_exits, timeout=TIMEOUT, on_error="raise")], ["p"], ["a"], {}, state={})  # no transformers
 except UserError as exc:
     print(exc, flush=True)
     sys.exit(2)

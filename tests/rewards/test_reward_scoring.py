@@ -14,6 +14,7 @@ from grpocli.errors import UserError
 from grpocli.registry.names import Registry
 from grpocli.rewards import RewardFn, Scores, resolve, reward_metrics, score
 from grpocli.rewards.builtin import format_answer_tag, length
+from grpocli.rewards.failures import stop_past_masked_share
 from grpocli.rewards.scoring import combine_gated, combine_sum
 
 PROMPTS = ["1+1?", "1+1?", "2+2?", "2+2?"]
@@ -71,7 +72,7 @@ def test_timeout_stops_waiting_for_sync_and_async_rewards():
     for fn in (hangs, hangs_async):
         start = time.perf_counter()
         with pytest.raises(UserError, match="timed out: no result within 0.2 s"):
-            score([RewardFn("h", fn)], PROMPTS, COMPLETIONS, COLUMNS, timeout=0.2)
+            score([RewardFn("h", fn, on_error="raise")], PROMPTS, COMPLETIONS, COLUMNS, timeout=0.2)
         assert time.perf_counter() - start < 2
     scores = score([RewardFn("h", hangs_async, on_error="none")], PROMPTS, COMPLETIONS, COLUMNS, timeout=0.1)
     assert scores.per_reward["h"] == [None] * 4 and scores.errors == {"h": 4}
@@ -110,7 +111,7 @@ def fails_on_five(prompts, completions, **kwargs):
 
 def test_raising_reward_names_row_exception_and_hint():
     with pytest.raises(UserError) as info:
-        score([RewardFn("div", fails_on_five)], PROMPTS, COMPLETIONS, COLUMNS)
+        score([RewardFn("div", fails_on_five, on_error="raise")], PROMPTS, COMPLETIONS, COLUMNS)
     text = str(info.value)
     assert "reward 'div' raised ZeroDivisionError" in text
     assert "row 3 (completion '<answer>5</answer>')" in text
@@ -129,6 +130,28 @@ def test_raising_reward_with_on_error_none_scores_none_and_counts():
     assert "rewards/div/mean" not in metrics
 
 
+def test_by_default_a_failed_call_masks_only_the_rows_that_fail_alone():
+    scores = score([RewardFn("div", fails_on_five), RewardFn("exact", exact)], PROMPTS, COMPLETIONS, COLUMNS)
+    assert scores.per_reward["div"] == [1.0, 1.0, 1.0, None]  # rows 0-2 scored alone
+    assert scores.masked == {"div": [False, False, False, True], "exact": [False] * 4} and scores.errors == {}
+    assert scores.failures["div"][0].startswith("raised ZeroDivisionError")
+    assert set(scores.seconds) == {"div", "exact"} and all(t >= 0 for t in scores.seconds.values())
+    metrics = reward_metrics(scores)
+    assert metrics["rewards/div/masked"] == 1.0 and metrics["rewards/div/num_none"] == 1.0
+    assert "rewards/exact/masked" not in metrics and "rewards/div/num_errors" not in metrics
+    stop_past_masked_share([RewardFn("div", fails_on_five, max_masked_share=0.25)], scores, "at step 7")  # 25%: not past
+    with pytest.raises(UserError, match=r"'div' could not score 1 of 4 samples at step 7 \(25%, past "
+                                        r"rewards\[0\].max_masked_share = 0.2\): it raised ZeroDivisionError"):
+        stop_past_masked_share([RewardFn("div", fails_on_five, max_masked_share=0.2)], scores, "at step 7")
+
+    def batch_only(prompts, completions, **kwargs):  # fails on a batch, never on one row
+        if len(completions) > 1:
+            raise MemoryError("batch too large")
+        return [1.0]
+
+    assert score([RewardFn("b", batch_only)], PROMPTS, COMPLETIONS, {}).masked == {"b": [False] * 4}
+
+
 def test_function_without_kwargs_gets_only_its_columns_and_a_hint_when_args_miss():
     def trl_style(completions, answer):
         return [float(str(a) in c) for c, a in zip(completions, answer)]
@@ -136,7 +159,7 @@ def test_function_without_kwargs_gets_only_its_columns_and_a_hint_when_args_miss
     assert score([RewardFn("t", trl_style)], PROMPTS, COMPLETIONS, {**COLUMNS, "extra": [0] * 4}).total == [
         1.0, 0.0, 1.0, 0.0]
     with pytest.raises(UserError, match="add \\*\\*kwargs"):
-        score([RewardFn("t", trl_style, args={"scale": 2})], PROMPTS, COMPLETIONS, COLUMNS)
+        score([RewardFn("t", trl_style, args={"scale": 2}, on_error="raise")], PROMPTS, COMPLETIONS, COLUMNS)
 
 
 def test_gated_combination_adds_others_only_where_every_gate_passes():
@@ -225,7 +248,7 @@ def test_async_reward_that_raises_is_located_or_scored_none():
 
     batch = ["1", "<answer>2</answer>"]
     with pytest.raises(UserError, match="raised ValueError.*on row 1 \\(completion '<answer>2</answer>'\\)"):
-        score([RewardFn("picky", picky)], ["p", "p"], batch, {})
+        score([RewardFn("picky", picky, on_error="raise")], ["p", "p"], batch, {})
     scores = score([RewardFn("picky", picky, on_error="none")], ["p", "p"], batch, {})
     assert scores.per_reward["picky"] == [None, None] and scores.errors == {"picky": 2}
     assert score([RewardFn("picky", picky)], ["p"], ["3"], {}).total == [3.0]

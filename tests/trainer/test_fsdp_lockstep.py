@@ -222,7 +222,8 @@ def _train_cmd(out: Path, reward: Path) -> list[str]:
 
 
 def _untimed(metrics: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.startswith("time/") and k not in ("tokens_per_second", "step_time")}
+    return [{k: v for k, v in m.items() if not k.startswith("time/") and not k.endswith("/seconds")
+             and k not in ("tokens_per_second", "step_time")}
             for m in metrics]
 
 

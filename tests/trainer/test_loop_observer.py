@@ -40,7 +40,8 @@ def _run(tmp_path, name: str, *, observer: Records | None = None, steps_only: bo
 
 
 def _untimed(lines: list[dict]) -> list[dict]:
-    return [{k: v for k, v in line.items() if not k.startswith("time/") and k not in ("step_time", "tokens_per_second")}
+    return [{k: v for k, v in line.items() if not k.startswith("time/") and not k.endswith("/seconds")
+             and k not in ("step_time", "tokens_per_second")}
             for line in lines]
 
 

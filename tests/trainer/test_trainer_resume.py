@@ -41,8 +41,8 @@ def _train(out, *overrides: str) -> list[dict]:
 
 
 def _untimed(metrics: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.startswith("time/") and k not in ("tokens_per_second", "step_time")}
-            for m in metrics]
+    return [{k: v for k, v in m.items() if not k.startswith("time/") and not k.endswith("/seconds")
+             and k not in ("tokens_per_second", "step_time", "memory/peak")} for m in metrics]
 
 
 def _assert_same_steps(a: list[dict], b: list[dict], rtol: float = 1e-4) -> None:
