@@ -195,6 +195,7 @@ class Loop:
             sampled = [self.sample(s.next_rows(n_prompts))]                            # 1-3. [B*G]
         # DAPO's fill rounds until no group is flat (algorithm.fill_batch), or one for groups a failing reward
         # left with < 2 scored samples (grpocli.trainer.refill); `sampled` gets each round
+        self.doing("advantages (every process's rewards gathered: first, the groups to fill or refill)")
         scored = more_rounds(sampled, lambda n: self.sample(s.next_rows(n)), r.algorithm, s.parallel, info,
                              n_prompts=n_prompts, may_refill=not (self.pipeline or self.prefetch))
         seconds = {"time/generation": sum((x.generation_s for x in sampled), waited),

@@ -115,7 +115,7 @@ def test_full_disk_while_exporting_leaves_nothing(run_copy, tmp_path):
 @pytest.mark.slow
 def test_full_disk_while_logging_metrics_names_the_file(tmp_path):
     out = tmp_path / "run"
-    result = _grpo_limited(3000, "train", "quickstart", *FAST, "train.steps=8", "log.rollouts_every=0",
+    result = _grpo_limited(4500, "train", "quickstart", *FAST, "train.steps=8", "log.rollouts_every=0",
                            f"train.output_dir={out}")
     assert_clean_error(result, f"train.output_dir: cannot write {out / 'metrics.jsonl'}: the file grew past "
                        "the size allowed", "then run the same command again; training resumes from the newest")

@@ -72,8 +72,8 @@ def test_an_integer_too_large_for_a_float_is_a_bad_reward_value(huge_dir, server
 @pytest.mark.parametrize("where", ["in process", "served"])
 def test_a_logged_metric_too_large_for_a_float_is_the_rewards_error(huge_dir, server, monkeypatch, where):
     monkeypatch.syspath_prepend(str(huge_dir))
-    spec = (RewardSpec(name="huge_rewards:huge_metric") if where == "in process"
-            else RewardSpec(name="huge_rewards:huge_metric", url=server.url, retry_backoff=0.0))
+    spec = (RewardSpec(name="huge_rewards:huge_metric", on_error="raise") if where == "in process"
+            else RewardSpec(name="huge_rewards:huge_metric", url=server.url, retry_backoff=0.0, on_error="raise"))
     with pytest.raises(UserError) as info:
         _scored(spec)
     text = info.value.render()

@@ -1,9 +1,10 @@
 """Surviving an out-of-memory (grpocli.trainer.resizing): a real step on a real tiny model, the limit
 (train.memory_limit, this process's peak resident set) set between what 16 and 8 sequences a pass take;
-the split step equals the unsplit one. The floor and "auto" through the real command line."""
+the split step equals the unsplit one. The floor and "auto" through the real command line (in this process)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -125,11 +126,25 @@ def test_bnpo_is_not_split(batch):
         resizing.step(lambda sl: (_ for _ in ()).throw(OutOfMemory("training", N, T)), batch, Layout(), 2)
 
 
-def test_auto_sizes_to_the_limit_and_records_why(grpo, tmp_path):
+def grpo_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """The real command line, in this process (no interpreter to start): its exit code and output."""
+    from grpocli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["grpo", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_auto_sizes_to_the_limit_and_records_why(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    result = grpo("train", "quickstart", *FAST, f"train.output_dir={out}", "train.micro_batch_size=auto",
-                  "train.memory_limit=4GiB")
-    assert result.returncode == 0, result.stdout + result.stderr
+    code, output = grpo_in_process(monkeypatch, capsys, "train", "quickstart", *FAST, f"train.output_dir={out}",
+                                   "train.micro_batch_size=auto", "train.memory_limit=4GiB")
+    assert code == 0, output
     config = (out / "config.resolved.toml").read_text()
     size = tomllib.loads(config)["train"]["micro_batch_size"]
     assert size == 16  # every completion of the step: the tiny model fits all of them in 4 GiB
@@ -150,11 +165,11 @@ def test_auto_that_cannot_be_sized_is_refused_before_a_model_loads(args, said):
     assert said in caught.value.render() and caught.value.where == "train.micro_batch_size"
 
 
-def test_a_sequence_past_the_limit_in_a_real_run_is_exit_2(grpo, tmp_path):
-    result = grpo("train", "quickstart", *FAST, f"train.output_dir={tmp_path / 'run'}", "train.micro_batch_size=2",
-                  "train.memory_limit=1MiB")
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
+def test_a_sequence_past_the_limit_in_a_real_run_is_exit_2(tmp_path, monkeypatch, capsys):
+    code, output = grpo_in_process(monkeypatch, capsys, "train", "quickstart", *FAST,
+                                   f"train.output_dir={tmp_path / 'run'}", "train.micro_batch_size=2",
+                                   "train.memory_limit=1MiB")
+    assert code == 2, output
     assert "step 1: out of memory in a training micro-batch of 2 sequence(s)" in output  # split once, then the floor
     assert "train.micro_batch_size 2 -> 1, the step redone" in output
     assert "with one sequence a micro-batch already" in output and "Traceback" not in output
