@@ -126,6 +126,7 @@ class Loop:
                                             parallel=s.parallel, run_root=s.run.root, turns=s.turns,
                                             datasets=s.datasets)
         self.offload = ActivationOffloading(s.model) if r.train.activation_offloading else None
+        self.layout = choose_layout(s.policy)  # how micro-batches lay out their rows (the model's attention)
         self.guard = Guard(s)  # train.guard: non-finite, KL, entropy after each step (grpocli.trainer.guard)
         self.probes = LiveProbes.open(r, s.reward_fns, s.tokenizer, s.progress, s.run.config,
                                       on=s.parallel.main and not steps_only)  # the check-rewards probes, live
@@ -252,7 +253,7 @@ class Loop:
         p, policy, temperature = s.parallel, s.policy, self.settings.temperature
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
         self.doing("frozen log-prob passes (old policy, reference)")
-        out, layout = [], choose_layout(policy)
+        out, layout = [], self.layout
         for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
                                                train=self.resizing.train, layout=layout,
                                                zero_advantage_rows_matter=self.settings.zero_advantage_rows_matter):
@@ -288,10 +289,10 @@ class Loop:
         s, r = self.s, self.s.recipe
         self.doing("update (forward and backward passes, gradient all-reduce)")
         t0 = time.perf_counter()
-        stats, _ = self.resizing.step(  # split and redone after an out-of-memory (grpocli.trainer.resizing)
+        stats = self.resizing.step(  # split and redone after an out-of-memory (grpocli.trainer.resizing)
             lambda x: optimizer_step(s.parallel, s.model, s.optimizer, x.batch, x.frozen, self.settings,
                                      max_grad_norm=r.train.max_grad_norm, offload=self.offload,
-                                     budget=self.resizing.budget), sl, choose_layout(s.policy), s.state.step + 1)
+                                     budget=self.resizing.budget), sl, self.layout, s.state.step + 1)
         lr = s.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a skipped update still advances the schedule
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")

@@ -127,8 +127,4 @@ class MemoryBudget:
         return peak
 
 
-def budget_of(limit: int | None, device: torch.device) -> MemoryBudget:
-    return MemoryBudget(int(limit) if limit is not None else None, device)
-
-
-__all__ = ["MemoryBudget", "OutOfMemory", "budget_of", "gib", "is_out_of_memory", "resident_now", "resident_peak"]
+__all__ = ["MemoryBudget", "OutOfMemory", "gib", "is_out_of_memory", "resident_now", "resident_peak"]

@@ -56,9 +56,8 @@ class Resizing:
 
     @classmethod
     def of(cls, recipe: Recipe, parallel: Parallel, note: Callable[[str], None]) -> Resizing:
-        from grpocli.trainer.memory_budget import budget_of
-
-        return cls(recipe.train, budget_of(recipe.train.memory_limit, parallel.device), parallel,
+        limit = recipe.train.memory_limit
+        return cls(recipe.train, MemoryBudget(int(limit) if limit is not None else None, parallel.device), parallel,
                    recipe.algorithm.loss, note)
 
     # -- the frozen log-prob passes ---------------------------------------------------------
@@ -85,13 +84,13 @@ class Resizing:
             self._resize(failed, step, "train.logprob_micro_batch_size", now, now // 2)
 
     # -- the training passes -----------------------------------------------------------------
-    def step(self, run: Callable[[Slice], T], sl: Slice, layout: Layout, step: int) -> tuple[T, Slice]:
-        """`run(slice)` (one optimizer step), its micro-batches split after each out-of-memory and the step
-        redone; the slice it ran on (cut at the size in use, which a later pass over it keeps)."""
+    def step(self, run: Callable[[Slice], T], sl: Slice, layout: Layout, step: int) -> T:
+        """`run(slice)` (one optimizer step) on the slice cut at the size in use, its micro-batches split after
+        each out-of-memory and the step redone."""
         sl = self.fitted(sl, layout)
         while True:
             try:
-                return run(sl), sl
+                return run(sl)
             except OutOfMemory as exc:
                 failed = exc
             self._smaller_training(failed, step)

@@ -60,7 +60,7 @@ def step(sl: Slice, budget: MemoryBudget | None = None, resizing: Resizing | Non
     def run(x: Slice):
         return optimizer_step(p, policy, optimizer, x.batch, x.frozen, SETTINGS, max_grad_norm=0.0, budget=budget)
 
-    stats = resizing.step(run, sl, layout=Layout(), step=7)[0] if resizing else run(sl)
+    stats = resizing.step(run, sl, layout=Layout(), step=7) if resizing else run(sl)
     return stats, [q.detach().clone() for q in policy.parameters()]
 
 
