@@ -14,6 +14,15 @@ weighted by the ratio `exp(logp_trainer_old - logp_engine)`, bounded in one of T
 As in TRL, the log-ratio is zeroed outside `mask` and where it is NaN (an engine log-prob that is
 missing), so such tokens have ratio 1 (and add 0 to a sequence's sum).
 
+OpenRLHF 0.11's correction (`--algo.advantage.is_correction_level/_mode/_gating/_threshold`,
+openrlhf/models/loss.py `PolicyLoss`) is a gate: a statistic per token or per sequence is read, and
+a unit outside its band is dropped (weight 0) while the tokens that stay keep their own token
+ratio, unbounded. Its token-level ratio gates are `token_mask` (mode mask) and `token_truncate`
+(mode clip); the others are here: the sequence's geometric-mean ratio (`sequence_geomean_mask`), or
+a divergence between the engine's and the trainer's probability of the sampled token, binary KL or
+total variation, per token or as the sequence's mean (`*_binary_kl_mask`, `*_tv_mask`), bounded
+above by `divergence_max` (vllm.importance_sampling_divergence_max). These return `[N, T]`.
+
 `grpocli.algorithms.variants.IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]` names the function.
 """
 
@@ -95,6 +104,120 @@ def sequence_mask(
     """
     ratio = _log_ratio(old_logp, engine_logp, mask).sum(dim=-1, keepdim=True).exp()  # [N, 1]
     return _mask_outside(ratio, clip_min, clip_max)
+
+
+def _gated(log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each token's own ratio where `keep` (`[N, T]` or `[N, 1]`), else 0: OpenRLHF's mask mode."""
+    ratio = log_ratio.exp()
+    return torch.where(keep, ratio, torch.zeros_like(ratio))  # [N, T]
+
+
+def _sequence_mean(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The masked mean of a per-token statistic over each sequence's loss tokens, `[N, 1]`."""
+    m = mask.to(stat.dtype)
+    return (stat * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def _divergence(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """OpenRLHF's per-token divergence of the sampled token's probability, engine p vs trainer q, both clamped to
+    [1e-6, 1 - 1e-6]: binary KL `p ln(p/q) + (1-p) ln((1-p)/(1-q))` or total variation `|p - q|`; in float64 (a
+    binary KL of near-equal float32 probabilities could otherwise round below 0), 0 outside `mask` and where
+    the engine log-prob is NaN (missing: no correction, as in TRL)."""
+    old64, engine64 = old_logp.double(), engine_logp.double()
+    engine64 = torch.where(torch.isnan(engine64), old64, engine64)
+    p, q = engine64.exp().clamp(1e-6, 1 - 1e-6), old64.exp().clamp(1e-6, 1 - 1e-6)
+    if kind == "binary_kl":
+        stat = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()
+    else:
+        stat = (p - q).abs()
+    return stat * mask.double()  # [N, T]
+
+
+def sequence_geomean_mask(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+    clip_min: float | None, clip_max: float | None,
+) -> torch.Tensor:
+    """Sequence-gated token IS: each token's own ratio `exp(old - engine)` where its sequence's geometric-mean
+    ratio `exp(mean_t (old - engine))` lies in `[clip_min, clip_max]`, 0 for every token of a sequence outside,
+    `[N, T]`.
+
+    OpenRLHF 0.11.2 (https://github.com/OpenRLHF/OpenRLHF, openrlhf/models/loss.py `PolicyLoss`):
+    `--algo.advantage.is_correction_level seq --algo.advantage.is_correction_mode mask
+    --algo.advantage.is_correction_gating ratio --algo.advantage.is_correction_threshold LOW HIGH` (its
+    "seq-mask-tis"). Unlike `sequence_mask`, the gate reads the mean, not the sum, of the log-ratios, and the
+    tokens kept are weighted by their own ratios.
+    """
+    log_ratio = _log_ratio(old_logp, engine_logp, mask)                             # [N, T]
+    geomean = _sequence_mean(log_ratio, mask).exp()                                  # [N, 1]
+    return _gated(log_ratio, _mask_outside(geomean, clip_min, clip_max) > 0)
+
+
+def _divergence_gate(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor, kind: str,
+                     per_sequence: bool, divergence_max: float) -> torch.Tensor:
+    stat = _divergence(old_logp, engine_logp, mask, kind)                            # [N, T]
+    if per_sequence:
+        stat = _sequence_mean(stat, mask)                                            # [N, 1]
+    return _gated(_log_ratio(old_logp, engine_logp, mask), stat <= divergence_max)
+
+
+def token_binary_kl_mask(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+    clip_min: float | None, clip_max: float | None, *, divergence_max: float,
+) -> torch.Tensor:
+    """Token IS gated by the binary KL: each token's own ratio `exp(old - engine)` where the binary KL between
+    the engine's and the trainer's probability of the sampled token is at most `divergence_max`, else 0, `[N, T]`
+    (clip_min / clip_max unused).
+
+    OpenRLHF 0.11.2 (https://github.com/OpenRLHF/OpenRLHF, openrlhf/models/loss.py `PolicyLoss`):
+    `--algo.advantage.is_correction_level token --algo.advantage.is_correction_gating binary_kl
+    --algo.advantage.is_correction_threshold HIGH` (mode mask). OpenRLHF's lower bound is 0.0.
+    """
+    return _divergence_gate(old_logp, engine_logp, mask, "binary_kl", False, divergence_max)
+
+
+def token_tv_mask(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+    clip_min: float | None, clip_max: float | None, *, divergence_max: float,
+) -> torch.Tensor:
+    """Token IS gated by total variation: each token's own ratio where `|p_engine - p_trainer|` of the sampled
+    token is at most `divergence_max`, else 0, `[N, T]` (clip_min / clip_max unused).
+
+    OpenRLHF 0.11.2 (https://github.com/OpenRLHF/OpenRLHF, openrlhf/models/loss.py `PolicyLoss`):
+    `--algo.advantage.is_correction_level token --algo.advantage.is_correction_gating tv
+    --algo.advantage.is_correction_threshold HIGH` (mode mask).
+    """
+    return _divergence_gate(old_logp, engine_logp, mask, "tv", False, divergence_max)
+
+
+def sequence_binary_kl_mask(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+    clip_min: float | None, clip_max: float | None, *, divergence_max: float,
+) -> torch.Tensor:
+    """Sequence-gated token IS by the mean binary KL: each token's own ratio where its sequence's mean per-token
+    binary KL (engine vs trainer probability of the sampled tokens) is at most `divergence_max`, 0 for every token
+    of a sequence above it, `[N, T]` (clip_min / clip_max unused).
+
+    OpenRLHF 0.11.2 (https://github.com/OpenRLHF/OpenRLHF, openrlhf/models/loss.py `PolicyLoss`):
+    `--algo.advantage.is_correction_level seq --algo.advantage.is_correction_gating binary_kl
+    --algo.advantage.is_correction_threshold HIGH` (mode mask): the trust region of FlashREINFORCE, as OpenRLHF
+    names it.
+    """
+    return _divergence_gate(old_logp, engine_logp, mask, "binary_kl", True, divergence_max)
+
+
+def sequence_tv_mask(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor,
+    clip_min: float | None, clip_max: float | None, *, divergence_max: float,
+) -> torch.Tensor:
+    """Sequence-gated token IS by the mean total variation: each token's own ratio where its sequence's mean
+    `|p_engine - p_trainer|` is at most `divergence_max`, 0 for every token of a sequence above it, `[N, T]`
+    (clip_min / clip_max unused).
+
+    OpenRLHF 0.11.2 (https://github.com/OpenRLHF/OpenRLHF, openrlhf/models/loss.py `PolicyLoss`):
+    `--algo.advantage.is_correction_level seq --algo.advantage.is_correction_gating tv
+    --algo.advantage.is_correction_threshold HIGH` (mode mask).
+    """
+    return _divergence_gate(old_logp, engine_logp, mask, "tv", True, divergence_max)
 
 
 def mismatch_sums(old_logp: torch.Tensor, engine_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -6,7 +6,8 @@ Which pair each recipe name (algorithm.loss) is, and its properties, is one entr
 Per-token objectives take `PolicyTerms` (the current log-probs, the importance ratio to the
 policy that generated, the advantages, the mask) and `SurrogateSettings`, and return
 `(per_token_loss, low_flags, high_flags)`. The loss is `[N, T]`, or `[N, 1]` for a
-sequence-level ratio (GSPO), which the aggregation broadcasts over the sequence's tokens.
+sequence-level ratio (GSPO) or a per-sequence objective (GMPO), which the aggregation broadcasts
+over the sequence's tokens.
 The flags mark where a clip is active (TRL's `clip_ratio/low_mean`, `high_mean`). Formulas
 follow TRL 1.16's `GRPOTrainer._compute_loss`, checked against its numbers
 (tests/trainer/test_trl_parity.py).
@@ -136,6 +137,27 @@ def vespo_surrogate(x: PolicyTerms, s: SurrogateSettings) -> tuple[torch.Tensor,
     loss = -vespo_weights(x, s) * x.advantages * x.logp
     none = torch.zeros_like(loss, dtype=torch.bool)
     return loss, none, none
+
+
+def gmpo_surrogate(x: PolicyTerms, s: SurrogateSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673; TRL 1.16's
+    `trl.experimental.gmpo.GMPOTrainer._compute_loss`): one term per sequence, `[N, 1]`,
+    `-exp(mean_t clip(log r_t)) A`, the geometric mean of the token ratios over the sequence's loss
+    tokens, each log-ratio clipped sign-aware in LOG space (PPO's min written in logs:
+    `min(log r, clamp(log r, -eps_low, eps_high))` where A > 0, `max(...)` elsewhere). Here
+    epsilon_low / epsilon_high are log-space bounds (the ratio range is `(e^-eps_low, e^eps_high)`;
+    TRL's GMPOConfig default: epsilon = 0.4, epsilon_high = epsilon). Reads the token log-ratios,
+    never `x.ratio`: importance_sampling_level 'token' only. Flags as TRL's: log r < -eps_low
+    where A < 0, log r > eps_high where A > 0."""
+    a, log_r = x.advantages, x.log_ratio
+    clamped = torch.clamp(log_r, min=-s.epsilon_low, max=s.epsilon_high)
+    clipped = torch.where(a > 0, torch.minimum(log_r, clamped), torch.maximum(log_r, clamped))  # [N, T]
+    mask = x.mask.to(log_r.dtype)
+    log_weight = (clipped * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    loss = -torch.exp(log_weight) * a                                                      # [N, 1]
+    low = (log_r < -s.epsilon_low) & (a < 0)
+    high = (log_r > s.epsilon_high) & (a > 0)
+    return loss, low, high
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:

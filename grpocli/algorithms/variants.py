@@ -45,10 +45,15 @@ class Loss:
     sums_tokens: bool = False         # sums token terms: a sequence-level ratio weighs each sequence
                                       # by its length (run with a note, as TRL warns, with
                                       # importance_sampling_level = 'sequence')
-    token_level_only: bool = False    # builds its own sequence weight from the token ratios (and the
-                                      # engine's token weights): 'token' importance sampling only
+    token_level_only: bool = False    # builds its own sequence weight from the token ratios:
+                                      # 'token' importance sampling only
     own_engine_weights: bool = False  # weighs engine importance weights into its own objective
-                                      # (instead of multiplying the per-token loss by them)
+                                      # (instead of multiplying the per-token loss by them): the
+                                      # engine's token weights, so per-token correction modes only
+    filter_inside: bool = False       # the "80/20" entropy filter belongs inside its sequence weight
+                                      # (TRL's GMPO takes the geometric mean over the kept tokens),
+                                      # which the step's filter, applied after the objective, is not:
+                                      # top_entropy_quantile < 1 is refused
     per_micro_batch: bool = False     # normalises by the micro-batch's own tokens: rows with
                                       # advantage 0 still change it, so they are computed
     aliases: tuple[str, ...] = ()     # other names the recipe accepts (verl's loss_agg_mode)
@@ -94,13 +99,15 @@ class KlEstimator:
 
 @dataclass(frozen=True)
 class ImportanceMode:
-    """Engine importance weights: `fn(old_logp, engine_logp, mask, clip_min, clip_max)`, `[N, T]`
-    per token or `[N, 1]` per sequence."""
+    """Engine importance weights: `fn(old_logp, engine_logp, mask, clip_min, clip_max)` (and
+    `divergence_max=` where `gates_divergence`), `[N, T]` per token or `[N, 1]` per sequence."""
 
     function: str
     summary: str
     per_sequence: bool = False  # one weight per completion, from its summed log-ratio
     clamps: bool = False        # clamps the ratio into the bounds (else zeroes it outside them): needs a bound
+    gates_divergence: bool = False  # gates on a divergence of the two policies, not on the ratio: reads
+                                    # vllm.importance_sampling_divergence_max (not clip_min / clip_max)
 
     @cached_property
     def fn(self) -> Callable[..., Any]:
@@ -126,6 +133,11 @@ LOSSES: dict[str, Loss] = {
     "sapo": Loss("losses:sapo_surrogate", "losses:grpo_loss", "soft sigmoid gate, grpo's aggregation (SAPO)"),
     "vespo": Loss("losses:vespo_surrogate", "losses:dapo_loss", "gamma-weighted sequence ratio, token mean (VESPO)",
                   token_level_only=True, own_engine_weights=True),
+    "gmpo": Loss("losses:gmpo_surrogate", "losses:grpo_loss", "geometric mean of the token ratios per sequence, "
+                 "each log-ratio clipped to [-epsilon_low, epsilon_high] (for gmpo these two are LOG-space bounds: "
+                 "ratio in (e^-epsilon_low, e^epsilon_high); TRL's GMPOConfig default 0.4 and 0.4), -exp(mean) x A, "
+                 "mean over sequences (GMPO; TRL's experimental GMPOTrainer)",
+                 token_level_only=True, filter_inside=True),
 }
 
 #: algorithm.advantage_scale
@@ -169,6 +181,28 @@ IMPORTANCE_SAMPLING_MODES: dict[str, ImportanceMode] = {
                                         "log-ratio, clamped", per_sequence=True, clamps=True),
     "sequence_mask": ImportanceMode("importance:sequence_mask", "one ratio per completion, 0 outside the bounds "
                                     "(MIS; TRL's default, with clip_max 3.0)", per_sequence=True),
+    # OpenRLHF 0.11's --algo.advantage.is_correction_* (token + ratio: token_mask with mode mask, token_truncate
+    # with mode clip): a gate per token or per sequence; the tokens kept keep their own ratio, unbounded
+    "sequence_geomean_mask": ImportanceMode("importance:sequence_geomean_mask", "each token's ratio, 0 for every "
+                                            "token of a sequence whose geometric-mean ratio is outside the bounds "
+                                            "(OpenRLHF is_correction_level seq, mode mask, gating ratio: "
+                                            "'seq-mask-tis'; its default threshold 0.5 5.0)"),
+    "token_binary_kl_mask": ImportanceMode("importance:token_binary_kl_mask", "each token's ratio, 0 where the "
+                                           "binary KL of the sampled token's engine and trainer probabilities is "
+                                           "above importance_sampling_divergence_max (OpenRLHF is_correction_level "
+                                           "token, gating binary_kl)", gates_divergence=True),
+    "token_tv_mask": ImportanceMode("importance:token_tv_mask", "each token's ratio, 0 where |p_engine - "
+                                    "p_trainer| of the sampled token is above importance_sampling_divergence_max "
+                                    "(OpenRLHF is_correction_level token, gating tv)", gates_divergence=True),
+    "sequence_binary_kl_mask": ImportanceMode("importance:sequence_binary_kl_mask", "each token's ratio, 0 for "
+                                              "every token of a sequence whose mean binary KL is above "
+                                              "importance_sampling_divergence_max (OpenRLHF is_correction_level "
+                                              "seq, gating binary_kl: FlashREINFORCE's trust region)",
+                                              gates_divergence=True),
+    "sequence_tv_mask": ImportanceMode("importance:sequence_tv_mask", "each token's ratio, 0 for every token of a "
+                                       "sequence whose mean total variation is above "
+                                       "importance_sampling_divergence_max (OpenRLHF is_correction_level seq, "
+                                       "gating tv)", gates_divergence=True),
 }
 
 

@@ -18,6 +18,8 @@ HELP = """Look at recipes, plugins, prompts and runs.
 
   grpo inspect data quickstart --n 3      rendered prompts and their columns
 
+  grpo inspect data mix.toml --steps 50   ... and, for [[data.sources]], each source's prompts in 50 steps vs its weight
+
   grpo inspect runs/quickstart            a training run (metrics, warnings, metrics.png, the bottleneck)
 
   grpo inspect runs/quickstart --gpu-memory 80GiB   ... and whether each change it advises fits the GPU
@@ -35,6 +37,8 @@ def inspect(
     args: list[str] = typer.Argument(None, help="A recipe name/path and overrides.", show_default=False),
     n: int = typer.Option(3, "--n", min=1, help="How many prompts (`inspect data`) or best/worst rollouts to show."),
     rollouts: int = typer.Option(None, "--rollouts", help="Show the best/worst rollouts of this step."),
+    steps: int = typer.Option(None, "--steps", min=1, help="`inspect data` of a [[data.sources]] mixture: the steps "
+                              "whose draws the mix table counts (default: train.steps, at most 100)."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Write RUN_DIR/metrics.png (needs matplotlib)."),
     trl: str = typer.Option(None, "--trl", help="`inspect fields`: the recipe keys for TRL GRPOConfig fields "
                             "whose names contain this."),
@@ -61,7 +65,7 @@ def inspect(
         if what == "recipe":
             views.show_recipe(args[0], args[1:])
         else:
-            views.show_data(args[0], args[1:], n=n)
+            views.show_data(args[0], args[1:], n=n, steps=steps)
     else:
         from grpocli.cli.plan import parse_memory
         from grpocli.inspection.overview import show_run

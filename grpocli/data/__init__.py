@@ -1,6 +1,6 @@
 """Prompts: dataset sources (procedural, local files, hub ids), templating, order, curricula.
 
-    source.py              ``data.dataset`` resolved to a loader; one split loaded as a ``datasets.Dataset``
+    source.py              ``data.dataset`` (or a [[data.sources]] source) resolved to a loader; one split loaded
     builtin.py             the built-in dataset loaders, registered through the plugin hook
     generators.py          procedural datasets: seeded, offline, pure Python
     files.py               local .jsonl / .json / .parquet / .csv files through `datasets`' builders
@@ -11,6 +11,7 @@
     columns.py             every row of a loaded split checked as it loads
     template.py            prompts as the model sees them: messages, then the chat template
     stream.py              the order prompts are drawn in: epoch after epoch, each shuffled by (seed, epoch)
+    mixture.py             the order prompts are drawn in from [[data.sources]]: by weight, seeded, resumable
     curricula.py           built-in curricula: the next prompts picked from how the last ones scored
 
 Light on purpose: `datasets` and `transformers` are imported inside the functions that need them.

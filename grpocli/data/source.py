@@ -16,6 +16,7 @@ from grpocli.data.files import BUILDERS
 from grpocli.data.saved import saved_kind
 from grpocli.data.verifiers_datasets import PREFIX as VERIFIERS_PREFIX
 from grpocli.errors import UserError
+from grpocli.recipe.data_sources import where
 from grpocli.registry.contracts import DATASET, Resolved, check
 
 if TYPE_CHECKING:
@@ -53,6 +54,25 @@ def load_dataset_for(
         )
     check_prompts(dataset, data, f"data.dataset {data.dataset!r}, split {split!r}")  # every row, now
     return dataset
+
+
+def load_source(data: DataSection, index: int, registry: Registry, split: str | None, seed: int) -> datasets.Dataset:
+    """Load ``split`` (None: the source's training split) of ``data.sources[index]`` as load_dataset_for
+    loads data.dataset; a failure names the source, ``data.sources[1] ("gsm8k")``."""
+    source = data.sources[index]
+    section = source.section(data)
+    try:
+        return load_dataset_for(section, registry, split or section.split, seed)
+    except UserError as exc:
+        raise in_source(exc, index, source.label) from None
+
+
+def in_source(exc: UserError, index: int, name: str) -> UserError:
+    """``exc`` about a source's own section, its ``where`` naming the source (data.split ->
+    data.sources[1] ("gsm8k").split; a file or plugin -> data.sources[1] ("gsm8k"), then it)."""
+    here, was = where(index, name), exc.where or ""
+    there = here + was[len("data"):] if was.startswith("data.") else f"{here}, {was}" if was else here
+    return UserError(exc.what, where=there, valid=exc.valid, hint=exc.hint)
 
 
 def resolve(data: DataSection, registry: Registry) -> tuple[Entry, dict[str, Any]]:

@@ -8,7 +8,8 @@
     records.py     eval/<label>-<split>/samples.jsonl + summary.json
     report.py      the comparison table
     eval_run.py    `grpo eval RECIPE` end to end: base and checkpoints, one table
-    periodic.py    PeriodicEval: evaluation every eval.every steps inside the training loop
+    periodic.py    PeriodicEval: evaluation every eval.every steps inside the training loop (SourcesEval:
+                   a [[data.sources]] mixture's, source by source, eval/<source>/...)
     probes.py      `grpo check-rewards`: probe completions (gold, wrong, no format, empty, long, repeated)
     probe_scores.py  each reward's scores on the probes, and the flags they raise
     reward_audit.py  `grpo check-rewards RECIPE` end to end: the table, the flags, exit 2

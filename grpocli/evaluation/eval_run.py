@@ -13,7 +13,7 @@ its base model and merged (grpocli.models.export).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,9 @@ def run_eval(
     plugins = load_plugins()
     reward_fns = resolve(r.rewards, plugins.rewards)
     settings.check([f.name for f in reward_fns])
+    if r.data.sources:  # each source on its own eval split, with its own rewards
+        return _run_sources(resolved, targets, models, plugins, reward_fns, settings, sampling, split=split,
+                            num_prompts=num_prompts, output_dir=output_dir, console=console, notes=notes)
     split = ev.split_for(r.data.eval_split, split)
     dataset = load_dataset_for(r.data, plugins.datasets, split, r.train.seed)
     count = num_prompts if num_prompts is not None else ev.num_prompts
@@ -99,6 +102,56 @@ def run_eval(
         summaries[target.label] = summary
     title = (f"grpo eval {resolved.name}: split {split!r}, {count} prompts x {settings.n} samples, "
              f"success: {settings.success_reward or 'reward'} >= {settings.success_threshold:g}")
+    console.print(comparison_table({label: s["metrics"] for label, s in summaries.items()}, title=title))
+    return summaries
+
+
+def _run_sources(resolved: Resolved, targets: list[Target], models: dict[str, CheckpointModel], plugins: Any,
+                 reward_fns: list[RewardFn], settings: EvalSettings, sampling: Sampling, *, split: str | None,
+                 num_prompts: int | None, output_dir: str | None, console: Console,
+                 notes: Console) -> dict[str, dict[str, Any]]:
+    """`grpo eval` of a [[data.sources]] mixture: each source's eval split (``split``, --split, for every source)
+    scored by its own rewards (grpocli.evaluation.periodic.source_recipe), written to eval/<label>-<source>-<split>/;
+    one table of ``<source>/<metric>``; {label: {"metrics": ..., "sources": {source: summary}}}."""
+    from grpocli.data.source import load_source
+    from grpocli.evaluation.periodic import source_recipe
+    from grpocli.recipe.data_sources import reward_indices
+
+    r = resolved.recipe
+    names, labels = [spec.name for spec in r.rewards], [rf.name for rf in reward_fns]
+    parts = []
+    for i, source in enumerate(r.data.sources):  # every split loads before any model does
+        fns = [reward_fns[k] for k in reward_indices(source, names, labels)]
+        sub = source_recipe(r, source, [f.name for f in fns])
+        chosen = split or sub.eval.split
+        dataset = load_source(r.data, i, plugins.datasets, chosen, r.train.seed)
+        wanted = num_prompts if num_prompts is not None else r.eval.num_prompts
+        count = len(dataset) if wanted in (0, None) else min(wanted, len(dataset))
+        parts.append((source.label, sub, dataset, count, fns, replace(settings, success_reward=sub.eval.success_reward),
+                      chosen))
+    root = _eval_root(output_dir or r.eval.output_dir, targets, resolved)
+    check_writable(root, "--output-dir" if output_dir else "eval.output_dir" if r.eval.output_dir else
+                   "--output-dir (default: the run's eval/)")
+    summaries: dict[str, dict[str, Any]] = {}
+    for target in targets:
+        for note in (target.note, models[target.label].note):
+            if note:
+                notes.print(f"note: {note}")
+        per_source, metrics = {}, {}
+        for name, sub, dataset, count, fns, own, chosen in parts:
+            notes.print(f"evaluating {target.label} on {count} prompts of source {name!r}, split {chosen!r} x "
+                        f"{settings.n} samples")
+            summary = _evaluate_one(target, models[target.label], sub, dataset, count, fns, own, sampling)
+            summary.update(recipe=resolved.name, recipe_path=str(resolved.path or ""), split=chosen, source=name)
+            out = write_eval(eval_dir(root, target.label, f"{name}-{chosen}"), summary.pop("samples"), summary)
+            notes.print(f"wrote {out}/samples.jsonl and summary.json")
+            per_source[name] = summary
+            metrics.update({f"{name}/{k}": v for k, v in summary["metrics"].items()})
+        summaries[target.label] = {"label": target.label, "metrics": metrics, "sources": per_source}
+    said = ", ".join(f"{name} ({chosen!r}, {count} prompts)" for name, _, _, count, _, _, chosen in parts)
+    title = (f"grpo eval {resolved.name}: sources {said} x {settings.n} samples, success: "
+             f"{settings.success_reward or 'reward'} >= {settings.success_threshold:g} (a source's total reward where "
+             "success_reward does not score it)")
     console.print(comparison_table({label: s["metrics"] for label, s in summaries.items()}, title=title))
     return summaries
 

@@ -66,6 +66,13 @@ def check_rewards(recipe: str, overrides: list[str], *, rows: int = 8, sample: i
     chosen = None if fmt.strip().lower() == "auto" else parse_format(fmt)
     resolved = load_recipe(recipe, overrides)
     r = resolved.recipe
+    if r.data.sources:  # probes read one dataset's rows and columns
+        first = r.data.sources[0]
+        raise UserError(
+            f"grpo check-rewards probes one dataset, and this recipe mixes {len(r.data.sources)} [[data.sources]]",
+            where="data.sources", valid="a recipe with data.dataset (one source at a time)",
+            hint=f"probe each source alone with the rewards that score it: grpo check-rewards {recipe} data.sources=[] "
+            f"'data.dataset=\"{first.dataset}\"'" + (f" 'data.args={_inline(first.args)}'" if first.args else ""))
     plugins = load_plugins()
     reward_fns = resolve(r.rewards, plugins.rewards)
     dataset = load_dataset_for(r.data, plugins.datasets, r.data.split, r.train.seed)
@@ -167,3 +174,10 @@ def _raise_if_fatal(reward_fns: list[RewardFn], reports: list[RewardReport]) -> 
                     "differently", hint=(f"{advice}; " if advice else "") + "fix the reward (or drop it from "
                     "[[rewards]]), then run grpo check-rewards again; a format reward whose format the probes "
                     "lack: name the format with --format (e.g. think+answer)")
+
+
+def _inline(args: dict[str, Any]) -> str:
+    """A table as a command-line value: {num_samples = 50}."""
+    import json
+
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items()) + "}"

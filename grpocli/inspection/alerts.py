@@ -126,7 +126,8 @@ def truncated(h: History, end: int) -> Alert | None:
 def format_only(h: History, end: int) -> Alert | None:
     if end < 2 * FORMAT_WINDOW:
         return None
-    names = [k for k in h[end - 1] if k.startswith("rewards/") and k.endswith("/mean")]
+    names = [k for k in h[end - 1] if k.startswith("rewards/") and k.endswith("/mean")
+             and k.count("/") == 2]  # not a [[data.sources]] source's rewards/<source>/<reward>/mean
     formats = [k for k in names if k[len("rewards/"):].startswith(FORMAT_PREFIX)]
     tasks = [k for k in names if k not in formats]
     if not formats or not tasks:

@@ -94,9 +94,12 @@ def show_plugins() -> None:
         console.print(names)
 
 
-def show_data(name_or_path: str, overrides: list[str], *, n: int) -> None:
+#: `grpo inspect data`: the steps a mixture's table counts by default, and the steps shown one by one.
+MIX_STEPS, MIX_STEPS_SHOWN = 100, 5
+
+
+def show_data(name_or_path: str, overrides: list[str], *, n: int, steps: int | None = None) -> None:
     from grpocli.data.source import load_dataset_for
-    from grpocli.data.template import preview
     from grpocli.models import load_tokenizer
     from grpocli.recipe import load_recipe
     from grpocli.registry import load_plugins
@@ -104,15 +107,60 @@ def show_data(name_or_path: str, overrides: list[str], *, n: int) -> None:
     resolved = load_recipe(name_or_path, overrides)
     recipe = resolved.recipe
     plugins = load_plugins()
+    if recipe.data.sources:  # [[data.sources]]: each source, then the mix its draws make
+        from grpocli.data.source import load_source
+
+        loaded = [load_source(recipe.data, i, plugins.datasets, None, recipe.train.seed)
+                  for i in range(len(recipe.data.sources))]
+        tokenizer = load_tokenizer(recipe.model)
+        for source, dataset in zip(recipe.data.sources, loaded, strict=True):
+            section = source.section(recipe.data)
+            console.rule(f"source {source.label!r}")
+            _show_rows(dataset, section, tokenizer, n)
+        show_mix(recipe, [len(d) for d in loaded], steps=steps)
+        return
     dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
     tokenizer = load_tokenizer(recipe.model)
-    console.print(f"dataset {recipe.data.dataset!r} split {recipe.data.split!r}: {len(dataset)} rows, "
+    _show_rows(dataset, recipe.data, tokenizer, n)
+
+
+def _show_rows(dataset: Any, data: Any, tokenizer: Any, n: int) -> None:
+    from grpocli.data.template import preview
+
+    console.print(f"dataset {data.dataset!r} split {data.split!r}: {len(dataset)} rows, "
                   f"columns: {', '.join(dataset.column_names)}")
-    for i, row in enumerate(preview(dataset, recipe.data, tokenizer, n)):
+    for i, row in enumerate(preview(dataset, data, tokenizer, n)):
         console.rule(f"row {i}")
         for key, value in row.items():
             console.print(f"[bold]{key}[/bold]: ", end="")
             console.print(_short(value, 2000), markup=False)
+
+
+def show_mix(recipe: Any, rows: list[int], *, steps: int | None = None) -> dict[str, int]:
+    """The prompts each source gives in the first ``steps`` optimizer steps (default: train.steps, at most
+    MIX_STEPS) against its weight's share, drawn as training draws them (grpocli.data.mixture); {name: count}."""
+    from grpocli.data.mixture import MixtureStream
+
+    sources, t = recipe.data.sources, recipe.train
+    steps = steps or min(t.steps, MIX_STEPS)
+    stream = MixtureStream([(s.label, range(count)) for s, count in zip(sources, rows, strict=True)],
+                           [s.weight for s in sources], seed=t.seed)
+    drawn = stream.drawn(steps * t.prompts_per_step)
+    total = sum(drawn.values())
+    table = Table(title=f"the mix of the first {steps} steps: {total} prompts ({t.prompts_per_step} a step, "
+                  f"train.seed {t.seed}; a fill round's prompts not counted)", title_justify="left")
+    for column in ("source", "weight", "share", "prompts", "realised", "rows", "epochs"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for source, share, count in zip(sources, stream.shares, rows, strict=True):
+        got = drawn[source.label]
+        table.add_row(source.label, f"{source.weight:g}", f"{share:.1%}", str(got), f"{got / max(total, 1):.1%}",
+                      str(count), f"{got / count:.2f}")
+    console.print(table)
+    for step in range(min(steps, MIX_STEPS_SHOWN)):
+        start = step * t.prompts_per_step
+        names = [stream.source_at(p) for p in range(start, start + t.prompts_per_step)]
+        console.print(f"step {step + 1}: " + ", ".join(f"{s.label} {names.count(s.label)}" for s in sources))
+    return drawn
 
 
 def _first_comment(text: str) -> str:

@@ -8,6 +8,7 @@ config and the recipe alone (no weights are loaded).
                 functions returning immutable `Phase` values
     engine_cache.py  the colocated vLLM engine's KV cache: the sequences it holds at once (in flight:
                 several generation batches) and what its share leaves for them
+    teacher.py  [distill]'s teacher's shape (none when it is served): its weights and pass are counted
     recipe_settings.py  a recipe in the memory model's terms; its peak, the largest micro-batch that fits
     plan.py     the plan of a recipe: the phases, the peak, whether it fits, the largest
                 micro-batch that does, and the knobs that would make it fit

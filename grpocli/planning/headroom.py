@@ -66,9 +66,11 @@ def diagnose(history: Sequence[dict[str, Any]], r: Recipe | None, *, gpu_memory:
     if not memory:
         return Diagnosis(b, found, notes=(f"memory not checked: the plan needs a device size ({memory_hint})",))
     from grpocli.planning.shapes import shape_of
+    from grpocli.planning.teacher import teacher_shape
 
     try:
         shape = shape_of(r.model, config)
+        teacher_shape(r)  # a [distill] teacher that cannot be read is said here, as the model is
     except UserError as err:
         hint = "grpo plan RECIPE --config PATH/config.json --gpu-memory SIZE checks each change"
         return Diagnosis(b, found, notes=(f"memory not checked: {err.what} ({hint})",))

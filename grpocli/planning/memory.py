@@ -6,7 +6,8 @@ layers under sdpa):
 
 * resident: the policy's weights, gradients (training only: `zero_grad(set_to_none=True)` after
   each step), AdamW's two moments per trained parameter (in the parameter's dtype), an in-process
-  reference (algorithm.beta > 0), DDP's gradient buckets, a colocated engine's memory share;
+  reference (algorithm.beta > 0), an in-process distillation teacher ([distill]; in model.dtype, as the
+  reference: no gradient, no optimizer state; whole on every process), DDP's gradient buckets, a colocated engine's memory share;
   FSDP2 / ZeRO-3 divide weights, gradients and moments by the processes and gather the root
   (embeddings, final norm) and a decoder layer or two at a time;
 * activations saved for backward, per token of a micro-batch's rows, per decoder layer: its input
@@ -75,6 +76,8 @@ class Settings:
     gradient_checkpointing: bool = False
     activation_offloading: bool = False
     reference: bool = False               # an in-process reference model (algorithm.beta > 0, not a server)
+    teacher: ModelShape | None = None     # an in-process distillation teacher (distill.teacher, not a server URL)
+    teacher_bytes: int = 0                # bytes per teacher weight (model.dtype, as the reference's)
     processes: int = 1
     sharding: str = "none"                # none (DDP), fsdp2, zero2, zero3
     micro_batches: int = 1                # micro-batches per optimizer step on a process
@@ -137,6 +140,8 @@ def resident(shape: ModelShape, s: Settings, *, training: bool, generating: bool
         parts.append(("float32 master weights (ZeRO)", _share(trained, s, ("zero2",)) * F32))
     if s.reference:
         parts.append(("reference weights", _share(shape.params, s, ("fsdp2", "zero3")) * s.weight_bytes))
+    if s.teacher is not None:  # whole on every process: grpocli.trainer.teacher does not shard it
+        parts.append(("teacher weights", s.teacher.params * s.teacher_bytes))
     if s.engine_bytes and (generating or not s.engine_sleeps):
         parts.append(("vLLM engine share", s.engine_bytes))
     if s.mixed_precision and training:  # autocast keeps a compute-dtype copy of every weight it casts
@@ -216,23 +221,36 @@ def training_phase(shape: ModelShape, s: Settings) -> Phase:
 
 
 def logprob_phase(shape: ModelShape, s: Settings) -> Phase:
-    """A no-grad log-prob pass (old policy, reference) of the largest log-prob micro-batch: nothing is
-    kept for backward, so the peak is a decoder layer's working tensors or, later, the logits and one
-    float32 block of the chunked log-softmax, whichever is larger."""
-    t = s.logprob
-    layer = t.tokens * (3 * shape.intermediate_size + 4 * shape.hidden_size) * s.compute_bytes
-    layer += t.mask * (1 + s.compute_bytes)           # the bool mask and sdpa's copy in the compute dtype
-    logits = t.scored * shape.vocab_size * s.compute_bytes
-    block = min(s.chunk_tokens, t.scored) * shape.vocab_size * F32
+    """A no-grad log-prob pass (old policy, reference, teacher) of the largest log-prob micro-batch: nothing
+    is kept for backward, so the peak is a decoder layer's working tensors or, later, the logits and one
+    float32 block of the chunked log-softmax, whichever is larger, of the largest model that runs one (the
+    passes run one after another)."""
+    models = [(shape, s.compute_bytes, "")]
+    if s.teacher is not None:  # under autocast in its compute dtype, else in its own
+        models.append((s.teacher, s.compute_bytes if s.compute_bytes != s.weight_bytes else s.teacher_bytes,
+                       "teacher's "))
     parts = resident(shape, s, training=False)
     if s.sharding in ("fsdp2", "zero3") and s.processes > 1:
         parts.append(("gathered layers (FSDP2/ZeRO-3)", (shape.root_params + GATHERED_LAYERS * shape.layer_params)
                       * s.weight_bytes))
-    if layer >= logits + block:
-        parts.append(("forward working memory", layer))
-    else:
-        parts.append(("logits and log-prob block", logits + block))
+    passes = []
+    for m, cb, prefix in models:
+        name, size = _no_grad_pass(m, s, cb)
+        passes.append((prefix + name, size))
+    parts.append(max(passes, key=lambda p: p[1]))  # the policy's where they tie
     return Phase("log-prob passes", tuple(parts))
+
+
+def _no_grad_pass(shape: ModelShape, s: Settings, compute_bytes: int) -> tuple[str, int]:
+    """The working memory of one model's no-grad pass over `s.logprob`, named by what peaks."""
+    t = s.logprob
+    layer = t.tokens * (3 * shape.intermediate_size + 4 * shape.hidden_size) * compute_bytes
+    layer += t.mask * (1 + compute_bytes)             # the bool mask and sdpa's copy in the compute dtype
+    logits = t.scored * shape.vocab_size * compute_bytes
+    block = min(s.chunk_tokens, t.scored) * shape.vocab_size * F32
+    if layer >= logits + block:
+        return "forward working memory", layer
+    return "logits and log-prob block", logits + block
 
 
 def generation_phase(shape: ModelShape, s: Settings) -> Phase:

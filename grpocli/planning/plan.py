@@ -58,6 +58,7 @@ class Plan:
     completion_tokens: int = 0          # generation.max_completion_length
     engine_cache: EngineCache | None = None  # the colocated vLLM engine's KV cache (backend "vllm")
     auto: tuple[tuple[str, Any], ...] = ()   # what the recipe's "auto" keys became (grpocli.planning.autosize)
+    teacher: str | None = None          # distill.teacher (settings.teacher: its shape, None where it is served)
 
     @property
     def peak(self) -> Phase:
@@ -77,6 +78,9 @@ class Plan:
             "largest_max_tokens_per_micro_batch": self.largest_tokens,
             "knobs": [{"set": list(k.overrides), "saves_bytes": k.saves, "fits": k.fits} for k in self.knobs],
             "fits_with": list(self.together), "auto": dict(self.auto),
+            "teacher": None if self.teacher is None else {
+                "teacher": self.teacher, "served": self.settings.teacher is None,
+                "model": None if self.settings.teacher is None else self.settings.teacher.as_dict()},
             "engine_kv_cache": None if self.engine_cache is None else {
                 "sequences": self.engine_cache.sequences, "generation_batches": self.engine_cache.batches,
                 "needed_bytes": self.engine_cache.needed, "available_bytes": self.engine_cache.available,
@@ -97,7 +101,8 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
                 memory_assumed=memory_assumed, largest_micro_batch=0, largest_tokens=0, sharding=sharding,
                 prompt_tokens=r.data.max_prompt_length, completion_tokens=r.generation.max_completion_length,
                 engine_cache=engine_cache(r, shape, gpus=gpus, gpu_memory=gpu_memory),
-                auto=tuple((k, getattr(getattr(r, k.split(".")[0]), k.split(".")[1])) for k in chosen))
+                auto=tuple((k, getattr(getattr(r, k.split(".")[0]), k.split(".")[1])) for k in chosen),
+                teacher=r.distill.teacher if r.distill.on else None)
     largest = largest_micro_batch(r, shape, gpus, gpu_memory, sharding)
     length = r.data.max_prompt_length + r.generation.max_completion_length
     plan = replace(plan, largest_micro_batch=largest, largest_tokens=largest * length)

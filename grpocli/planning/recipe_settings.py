@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpocli.planning.memory import F32, Settings, Tokens, phases
 from grpocli.planning.shapes import ModelShape, dtype_bytes
+from grpocli.planning.teacher import teacher_shape, teacher_weight_bytes
 
 if TYPE_CHECKING:
     from grpocli.recipe.schema import Recipe
@@ -38,6 +39,7 @@ def settings_of(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, sha
     backend = r.generation.backend
     share = r.vllm.gpu_memory_utilization if r.vllm.gpu_memory_utilization != "auto" else 0.0  # make_plan sizes it
     engine = int(share * gpu_memory) if backend == "vllm" else 0
+    teacher = teacher_shape(r)  # [distill]'s teacher in process (None: none, or served)
     return Settings(
         weight_bytes=weight, compute_bytes=compute,
         lora_params=shape.lora_params(m.lora.r, m.lora.target_modules) if m.lora.enabled else 0,
@@ -45,6 +47,7 @@ def settings_of(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, sha
         gradient_checkpointing=m.gradient_checkpointing is True,  # "auto": make_plan decides first
         activation_offloading=bool(getattr(t, "activation_offloading", False)),
         reference=a.beta > 0 and a.reference != "server", processes=max(gpus, 1), sharding=sharding,
+        teacher=teacher, teacher_bytes=teacher_weight_bytes(r, teacher) if teacher is not None else 0,
         micro_batches=math.ceil(per_process / train_rows) if per_process else 1,
         train=tokens_of(r, shape, train_rows), logprob=tokens_of(r, shape, min(logprob_rows, max(per_process, 1))),
         entropy_grad=a.entropy_coef > 0, engine_bytes=engine, engine_sleeps=int(getattr(r.vllm, "sleep_mode", 0)) > 0,

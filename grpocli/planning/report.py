@@ -16,6 +16,8 @@ def render(plan: Plan, console: Any) -> None:
     console.print(f"model: {shape.architecture} from {escape(shape.source)}: {shape.params:,} parameters, "
                   f"{shape.num_layers} layers, hidden {shape.hidden_size}, vocabulary {shape.vocab_size:,}"
                   + (f"; LoRA trains {s.lora_params:,}" if s.lora_params else ""))
+    if plan.teacher is not None:
+        console.print(teacher_line(plan, escape))
     if plan.auto:
         console.print('"auto", as `grpo train` would choose it on this memory: '
                       + ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in plan.auto))
@@ -49,3 +51,14 @@ def render(plan: Plan, console: Any) -> None:
             console.print(f"  {knob.text}  saves {gib(knob.saves)}" + ("  (fits)" if knob.fits else ""))
         if plan.together:
             console.print(f"together these fit: {' '.join(plan.together)}")
+
+
+def teacher_line(plan: Plan, escape: Any = str) -> str:
+    """What the distillation teacher holds here: its weights (in process) or nothing (served)."""
+    t, s = plan.settings.teacher, plan.settings
+    if t is None:
+        return f"teacher: served at {escape(plan.teacher or '')}: none here (its weights and passes are the server's)"
+    weights = dict(plan.phases[-1].parts).get("teacher weights", 0)
+    return (f"teacher: {t.architecture} from {escape(t.source)}: {t.params:,} parameters, {t.num_layers} layers, "
+            f"hidden {t.hidden_size}, vocabulary {t.vocab_size:,}; in process: its weights ({gib(weights)} "
+            f"per process, {s.teacher_bytes} bytes each) in every phase, its forward pass in the log-prob phase")

@@ -72,9 +72,10 @@ class ModelShape:
         return {k: v for k, v in self.__dict__.items() if k != "layer_linears"} | {"root_params": self.root_params}
 
 
-def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
+def shape_of(model: ModelSection, config: str | None = None, *, key: str = "model.name_or_path") -> ModelShape:
     """The shape of `model.name_or_path`, or of the config at `config` (a config.json or a
-    directory holding one) when given; a UserError naming the path when it cannot be read."""
+    directory holding one) when given; a UserError naming the path (and `key`, the recipe key that
+    named the model: distill.teacher for a teacher) when it cannot be read."""
     if config is not None:
         path, cfg = _config_file(config)
         return shape_of_config(cfg, source=path, trust_remote_code=model.trust_remote_code, where="grpo plan --config")
@@ -86,7 +87,7 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
         return shape_of_config(cfg, source="[model.tiny]", trust_remote_code=False, where="model.tiny")
     from grpocli.models.source import resolve
 
-    source = resolve(name, key="model.name_or_path", gguf=True, hub=False)
+    source = resolve(name, key=key, gguf=True, hub=False)
     from transformers import AutoConfig
 
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -97,13 +98,14 @@ def shape_of(model: ModelSection, config: str | None = None) -> ModelShape:
     except (OSError, ValueError, KeyError) as err:
         raise UserError(
             f"the config of {where} could not be read: {_first_line(err)}",
-            where="model.name_or_path",
+            where=key,
             valid="a directory with config.json, a .gguf file or packaged model, or a hub id (offline: one in the "
             "local Hugging Face cache)",
             hint="give the config yourself: grpo plan RECIPE --config PATH/config.json (the model's config.json "
-            "from its hub page)",
+            "from its hub page)" if key == "model.name_or_path" else f"set {key} to a directory holding the "
+            "model's config.json (and its weights)",
         ) from None
-    return shape_of_config(cfg, source=where, trust_remote_code=model.trust_remote_code, where="model.name_or_path")
+    return shape_of_config(cfg, source=where, trust_remote_code=model.trust_remote_code, where=key)
 
 
 def _config_file(config: str) -> tuple[str, Any]:

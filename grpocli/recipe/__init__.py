@@ -4,9 +4,11 @@
     section.py            the base of every section: unknown keys refused, assignments validated
     train_section.py      [train]: optimization and run control
     guard_section.py      [train.guard]: what a run does when a step goes wrong
+    distill_section.py    [distill]: on-policy distillation from a teacher
     algorithm_section.py  [algorithm]: advantages, the loss and its conventions, KL
     vllm_section.py       [vllm]: the engine or server(s) that generate, importance sampling
     eval_section.py       [eval]: how `grpo eval` and periodic evaluation sample and judge
+    data_sources.py       [[data.sources]]: a weighted mixture of datasets, each with its rewards
     tools_section.py      [[tools]] and [multi_turn]
     bounds.py             limits several keys share
     backend_choice.py     what generation.backend = "auto" becomes
@@ -20,6 +22,7 @@
     trl_config_file.py    a TRL GRPOConfig read from YAML or JSON (bounded), its values typed
     trl_import.py         `grpo import trl`: a GRPOConfig -> a recipe that trains as TRL would
     reward_import.py      its [[rewards]] from reward_funcs names (TRL's, open-r1's, module paths) and weights
+    trl_distill.py        TRL's distillation configs (DistillationConfig, GKD, IW-OPD, server): their fields -> [distill]
     openr1_names.py       open-r1's fields and reward names, and what each becomes
     trl_script.py         a TRL training script read as fields (what it built when it ran)
     trl_script_run.py     the child process that runs the script with stand-ins and no network

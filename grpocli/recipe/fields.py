@@ -21,7 +21,7 @@ def describe(model: type[BaseModel] = Recipe, prefix: str = "", *, free: bool = 
         free_here = free or field.json_schema_extra == FREE_ON_RESUME
         sub = submodel(field.annotation)
         if sub is not None:  # a section, or a list of [[rewards]] / [[tools]] tables
-            rows.extend(describe(sub, key + ("[]." if name in ("rewards", "tools") else "."), free=free_here))
+            rows.extend(describe(sub, key + ("[]." if _is_list(field.annotation) else "."), free=free_here))
             continue
         text = field.description or ""
         rows.append({"key": key, "type": _type(field), "default": _default(field),
@@ -34,6 +34,11 @@ def submodel(annotation: Any) -> type[BaseModel] | None:
         if isinstance(cand, type) and issubclass(cand, BaseModel):
             return cand
     return None
+
+
+def _is_list(annotation: Any) -> bool:
+    """A list of tables ([[rewards]], [[tools]], [[data.sources]]), whose keys are written name[].key."""
+    return getattr(annotation, "__origin__", None) is list
 
 
 def _type(field: Any) -> str:

@@ -58,11 +58,15 @@ def saved_recipe(checkpoint: Path, run_config: Path) -> tuple[Path, str] | None:
 
 
 def changes(saved_toml: str, recipe: Recipe) -> list[Change]:
-    """Every key whose value differs between the saved recipe and ``recipe``."""
+    """Every key whose value differs between the saved recipe and ``recipe``. A key the saved recipe lacks
+    that ``recipe`` holds at its default is no change: the run was saved by a grpo without that key (a
+    new key's default is the old behaviour)."""
     before = flatten(tomllib.loads(saved_toml))
     after = flatten(recipe.model_dump(mode="json", exclude_none=True))
+    defaults = flatten(Recipe().model_dump(mode="json", exclude_none=True)) if set(after) - set(before) else {}
     return [Change(key, before.get(key, ABSENT), after.get(key, ABSENT), is_free(key))
-            for key in sorted(set(before) | set(after)) if before.get(key, ABSENT) != after.get(key, ABSENT)]
+            for key in sorted(set(before) | set(after)) if before.get(key, ABSENT) != after.get(key, ABSENT)
+            and not (key not in before and after[key] == defaults.get(key, ABSENT))]
 
 
 def check_resume(resolved: Resolved, checkpoint: Path, run_config: Path) -> list[Change]:

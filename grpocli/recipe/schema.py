@@ -23,6 +23,8 @@ from grpocli.recipe.bounds import (
     MIN_REPETITION_PENALTY,
     MIN_TEMPERATURE,
 )
+from grpocli.recipe.data_sources import Sources
+from grpocli.recipe.distill_section import DistillSection, check_distill
 from grpocli.recipe.eval_section import EvalSection
 from grpocli.recipe.guard_section import check_guard
 from grpocli.recipe.section import FREE_ON_RESUME, Section
@@ -132,6 +134,7 @@ class DataSection(Section):
         512, ge=1, le=131072, description="Prompts longer than this many tokens are left-truncated."
     )
     shuffle: bool = Field(True, description="Shuffle the dataset each epoch (seeded by train.seed).")
+    sources: Sources = Field(default_factory=list, description="A weighted mixture of datasets, [[data.sources]] tables (data.dataset and data.args unread).")
 
     @model_validator(mode="before")
     @classmethod
@@ -346,6 +349,7 @@ class Recipe(BaseSettings):
     multi_turn: MultiTurnSection = Field(
         default_factory=MultiTurnSection, description="Multi-turn rollouts: turns, tool timeouts, environment."
     )
+    distill: DistillSection = Field(default_factory=DistillSection, description="On-policy distillation from a teacher.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):
@@ -398,4 +402,5 @@ class Recipe(BaseSettings):
                     "(the format rewards) and some without"
                 )
         check_guard(self)  # [train.guard] with the rest (grpocli.recipe.guard_section)
+        check_distill(self)  # [distill] with the rest (grpocli.recipe.distill_section)
         return self

@@ -24,6 +24,7 @@ from grpocli.recipe.openr1_names import OPENR1_FIELDS
 from grpocli.recipe.reward_import import REWARD_FIELDS
 from grpocli.recipe.reward_import import rewards as _rewards
 from grpocli.recipe.schema import TrainSection
+from grpocli.recipe.trl_distill import distillation
 from grpocli.recipe.trl_names import INHERITED, TRL_DEFAULTS, TRL_FIELDS
 
 #: TRL's conventions, which grpo's defaults differ from (docs/algorithm.md, "TRL's conventions").
@@ -80,8 +81,12 @@ class _Build:
 def convert(fields: dict[str, Any], num_processes: int = 1) -> tuple[dict[str, Any], list[Line]]:
     """The recipe (nested dicts, ready for TOML) and one line per field."""
     user = {k: _plain(v) for k, v in fields.items()}
-    merged = {**user, **{k: v for k, v in TRL_DEFAULTS.items() if k not in user}}
+    taught = distillation(user)  # a distillation config's own fields, taken out (grpocli.recipe.trl_distill)
+    defaults = TRL_DEFAULTS if taught is None else taught.grpo_defaults(TRL_DEFAULTS)
+    merged = {**user, **{k: v for k, v in defaults.items() if k not in user}}
     b = _Build()
+    if taught is not None:
+        taught.batch(b, merged, num_processes)
     _batch(b, merged, set(user), num_processes)
     for name, value in merged.items():
         if name in BATCH or name == "num_processes":
@@ -96,7 +101,9 @@ def convert(fields: dict[str, Any], num_processes: int = 1) -> tuple[dict[str, A
                   "field is unused with the others)")
     for key, value in CONVENTIONS.items():
         b.put("TRL's conventions", "default", key, value, "docs/algorithm.md: TRL's conventions")
-    _rewards(b, merged)
+    (_rewards if taught is None else taught.rewards)(b, merged)
+    if taught is not None:
+        taught.write(b)
     return _nest(b.keys), b.lines
 
 

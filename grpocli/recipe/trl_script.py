@@ -123,6 +123,9 @@ def _trainer_fields(path: Path, t: dict[str, Any], known: dict[str, Any], notes:
                          "dataset: save it (dataset.to_json('prompts.jsonl')) and set data.dataset to the file")
     if isinstance(t.get("peft_config"), dict):
         out.update(_lora(t["peft_config"]))
+    teacher = t.get("teacher_model")  # DistillationTrainer's: a name, or a model from_pretrained loaded
+    if isinstance(teacher, str) or isinstance(teacher, dict) and isinstance(teacher.get("name"), str):
+        out["teacher_model_name_or_path"] = teacher if isinstance(teacher, str) else teacher["name"]
     if "reward_funcs" in t and not known.get("reward_funcs"):
         names = [_reward_name(path, r, notes) for r in _listed(t["reward_funcs"])]
         out["reward_funcs"] = [n for n in names if n]

@@ -8,7 +8,8 @@ What runs for real: the script's own code, TRL's and transformers' argument pars
 TrlParser with ``--config x.yaml``), GRPOConfig (its device check told this is a CPU), peft's LoraConfig.
 What is a stand-in, recording its arguments:
   - ``GRPOTrainer`` (trl, trl.trainer, trl.trainer.grpo_trainer): records model, reward_funcs, args,
-    datasets and peft_config; ``train()``, ``save_model()``, ``push_to_hub()``... do nothing;
+    datasets and peft_config; ``train()``, ``save_model()``, ``push_to_hub()``... do nothing; so does
+    ``DistillationTrainer`` (its teacher_model too), whose DistillationConfig is recorded as GRPOConfig is;
   - ``datasets.load_dataset``: a recorded name, config and split; ``map``, ``filter``... are noted, not run;
   - ``from_pretrained`` of transformers' Auto classes and models: a recorded name and keyword arguments;
   - ``peft.get_peft_model``: the model, with its LoraConfig noted.
@@ -196,10 +197,14 @@ def _refuse_the_network() -> None:
 
 
 def _record_grpo_configs() -> None:
+    from trl.trainer.distillation_config import DistillationConfig
     from trl.trainer.grpo_config import GRPOConfig
 
-    post_init = GRPOConfig.__post_init__
+    for config in (GRPOConfig, DistillationConfig):  # subclasses (open-r1's GRPOConfig) call them too
+        config.__post_init__ = _recorded(config.__post_init__)
 
+
+def _recorded(post_init: Any) -> Any:
     def recorded(self: Any) -> None:
         RECORD["configs"].append({"class": type(self).__name__, "fields": set_fields(self), "id": id(self)})
         asked = self.use_cpu
@@ -208,11 +213,12 @@ def _record_grpo_configs() -> None:
             post_init(self)
         finally:
             self.use_cpu = asked
-    GRPOConfig.__post_init__ = recorded  # subclasses (open-r1's GRPOConfig) call it too
+    return recorded
 
 
 def _record_parsers() -> None:
     from transformers import HfArgumentParser
+    from trl.trainer.distillation_config import DistillationConfig
     from trl.trainer.grpo_config import GRPOConfig
 
     def wrap(method: Any) -> Any:
@@ -220,7 +226,7 @@ def _record_parsers() -> None:
         def parsed(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = method(self, *args, **kwargs)
             for obj in out if isinstance(out, tuple) else (out,):
-                if dataclasses.is_dataclass(obj) and not isinstance(obj, (type, GRPOConfig)):
+                if dataclasses.is_dataclass(obj) and not isinstance(obj, (type, GRPOConfig, DistillationConfig)):
                     RECORD["parsed"].append({"class": type(obj).__name__, "fields": set_fields(obj)})
             return out
         return parsed
@@ -251,11 +257,18 @@ class ScriptTrainer(Anything):
 def _stand_in_trainer() -> None:
     import trl
     import trl.trainer
-    from trl.trainer import grpo_trainer
+    from trl.trainer import distillation_trainer, grpo_trainer
 
     ScriptTrainer.signature = inspect.signature(grpo_trainer.GRPOTrainer.__init__)
     for home in (trl, trl.trainer, grpo_trainer):
         home.GRPOTrainer = ScriptTrainer
+    ScriptDistillationTrainer.signature = inspect.signature(distillation_trainer.DistillationTrainer.__init__)
+    for home in (trl, trl.trainer, distillation_trainer):
+        home.DistillationTrainer = ScriptDistillationTrainer
+
+
+class ScriptDistillationTrainer(ScriptTrainer):
+    """DistillationTrainer's stand-in (its arguments: the model, teacher_model, args, datasets, peft_config)."""
 
 
 def _stand_in_loaders() -> None:

@@ -28,6 +28,7 @@ import typing
 from typing import Any
 
 from grpocli.errors import UserError
+from grpocli.recipe.trl_distill import DISTILL_TYPES
 
 HINT = "fix the value in the config (`grpo inspect fields --trl {name}` says what the field does)"
 _TRUE, _FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # transformers' string_to_bool
@@ -106,7 +107,8 @@ def check_fields(fields: dict[str, Any], where: str, *, from_text: bool) -> dict
             raise UserError(f"{where} has the key {_show(name)} ({type(name).__name__}), not a field name",
                             where=where, valid="GRPOConfig field names (strings) as keys",
                             hint="fix the key in the config (`grpo inspect fields --trl NAME` lists the fields)")
-        out[name] = value if name not in TRL_TYPES else checked(name, value, where, from_text=from_text)
+        known = name in TRL_TYPES or name in DISTILL_TYPES
+        out[name] = checked(name, value, where, from_text=from_text) if known else value
     return out
 
 
@@ -114,7 +116,7 @@ def checked(name: str, value: Any, where: str, *, from_text: bool) -> Any:
     """The value of field ``name``, checked (and converted from text where TRL's parser would)."""
     from pydantic import TypeAdapter, ValidationError
 
-    kind = TRL_TYPES[name]
+    kind = TRL_TYPES[name] if name in TRL_TYPES else DISTILL_TYPES[name]
     if from_text and isinstance(value, str):
         value = _from_text(name, value, kind, where)
     if name in DICT_FIELDS and isinstance(value, str) and value.startswith("{"):

@@ -105,6 +105,13 @@ class VllmSection(Section):
         description="Lower bound C_min of the ratio (TRL's vllm_importance_sampling_clip_min): '*_truncate' "
         "clamps below it, '*_mask' zeroes below it. None: no bound.",
     )
+    importance_sampling_divergence_max: float | None = Field(
+        None, gt=0.0, allow_inf_nan=False,
+        description="Upper bound of the divergence the '*_binary_kl_mask' / '*_tv_mask' modes gate on: the binary KL "
+        "(nats) or total variation |p_engine - p_trainer| of each sampled token's probability, or its sequence's "
+        "mean (OpenRLHF's --algo.advantage.is_correction_threshold HIGH with is_correction_gating binary_kl / tv). "
+        "Needed by those modes, read by no other. None: unset.",
+    )
     importance_sampling_cap: float | None = Field(
         None, gt=0.0,
         description="Deprecated alias of importance_sampling_clip_max (as TRL's vllm_importance_sampling_cap); "
@@ -154,6 +161,14 @@ class VllmSection(Section):
         if lo is not None and hi is not None and lo >= hi:
             raise ValueError(
                 f"importance_sampling_clip_min ({lo}) must be less than importance_sampling_clip_max ({hi})"
+            )
+        divergence = IMPORTANCE_SAMPLING_MODES[self.importance_sampling_mode].gates_divergence
+        if self.importance_sampling_correction and divergence != (self.importance_sampling_divergence_max is not None):
+            raise ValueError(
+                f"importance_sampling_mode = {self.importance_sampling_mode!r} gates on a divergence: set "
+                "importance_sampling_divergence_max (OpenRLHF's is_correction_threshold HIGH)" if divergence else
+                f"importance_sampling_divergence_max is read only by the '*_binary_kl_mask' and '*_tv_mask' modes, "
+                f"not by importance_sampling_mode = {self.importance_sampling_mode!r}: remove it, or pick one of those"
             )
         clamps = IMPORTANCE_SAMPLING_MODES[self.importance_sampling_mode].clamps
         if self.importance_sampling_correction and clamps and lo is None and hi is None:

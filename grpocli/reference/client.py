@@ -44,12 +44,21 @@ START_HINT = ("start one: grpo ref-serve --model MODEL_DIR --port 8001 (MODEL_DI
               "weights), and set algorithm.reference_url = 'http://127.0.0.1:8001'")
 
 
+def start_hint(where: str) -> str:
+    """How to start the server the recipe key ``where`` names."""
+    if where == "algorithm.reference_url":
+        return START_HINT
+    return f"start one: grpo ref-serve --model MODEL_DIR --port 8001, and set {where} = 'http://127.0.0.1:8001'"
+
+
 class ReferenceClient:
     """A `grpo ref-serve` standing in for the reference model (module docstring)."""
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, parallel: Parallel | None = None) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, parallel: Parallel | None = None,
+                 where: str = "algorithm.reference_url") -> None:
         self.http = Client(url, timeout=timeout, api_key=api_key)
+        self.where = where  # the recipe key that names the server (a teacher's is distill.teacher)
         self.url, self.timeout, self.api_key, self.bucket_bytes = self.http.url, timeout, api_key, bucket_bytes
         self.parallel = parallel or Parallel.alone()  # which training process sends, and waiting for it
         self.info: dict[str, Any] = {}
@@ -84,8 +93,8 @@ class ReferenceClient:
                                 where="algorithm.reference_timeout",
                                 valid="a longer timeout, or a server that is not stuck",
                                 hint="raise algorithm.reference_timeout, and look at the server's terminal") from None
-            raise UserError(f"no grpo ref-serve answers at {self.url} ({exc.reason})", where="algorithm.reference_url",
-                            valid="the URL of a running `grpo ref-serve`", hint=START_HINT) from None
+            raise UserError(f"no grpo ref-serve answers at {self.url} ({exc.reason})", where=self.where,
+                            valid="the URL of a running `grpo ref-serve`", hint=start_hint(self.where)) from None
         except BadAnswer as exc:
             raise self._bad(method, path, exc) from None
 
@@ -93,14 +102,14 @@ class ReferenceClient:
         return UserError(f"grpo ref-serve at {self.url} answered {method} {path} outside its protocol: {exc.what}",
                          where=f"{exc.field} of the answer", valid=f"an answer of grpo ref-serve, protocol "
                          f"{wire.PROTOCOL_VERSION}", hint=f"is {self.url} a grpo ref-serve of this grpo version? "
-                         f"{START_HINT}")
+                         f"{start_hint(self.where)}")
 
     def _refused(self, exc: Refused) -> UserError:
         hint = {401: f"export {KEY_ENV}=<the server's --api-key> before grpo train",
                 400: "the server's model must be the policy's: grpo ref-serve --model <the model you train>"}.get(
             exc.status, "look at the server's terminal for the full error")
         return UserError(f"grpo ref-serve at {self.url} refused {exc.method} {exc.path}: HTTP {exc.status}: "
-                         f"{exc.detail}", where="algorithm.reference_url", hint=hint)
+                         f"{exc.detail}", where=self.where, hint=hint)
 
     def wait_until_ready(self) -> dict[str, Any]:
         """Poll /health until the server answers (it may still be loading), then read /info."""
@@ -116,8 +125,8 @@ class ReferenceClient:
         info = self.call("GET", wire.INFO_PATH)
         if not isinstance(info, dict) or info.get("kind") != wire.KIND or info.get("protocol") != wire.PROTOCOL_VERSION:
             raise UserError(f"the server at {self.url} is not a grpo ref-serve of protocol {wire.PROTOCOL_VERSION}",
-                            where="algorithm.reference_url", valid="the URL of a `grpo ref-serve` of this grpo version",
-                            hint=START_HINT)
+                            where=self.where, valid="the URL of a `grpo ref-serve` of this grpo version",
+                            hint=start_hint(self.where))
         try:
             self.info = read_answer(wire.ReferenceInfo, info).model_dump()
         except BadAnswer as exc:
@@ -144,8 +153,9 @@ class ReferenceClient:
                 groups[-1][1].append(part.completion_ids[i])
         if not groups:
             return ()
-        answers = iter([lp for per in self.logprobs([(part.prompt_ids[k], cs) for k, cs in groups], temperature)
-                        for lp in per])
+        answered = self.logprobs([(part.prompt_ids[k], cs) for k, cs in groups], temperature)
+        self._check_counts(answered, groups, g)
+        answers = iter([lp for per in answered for lp in per])
         out = []
         for mb in micro_batches:
             logp = torch.zeros(mb.loss_mask.shape, dtype=torch.float32)  # [n, T]
@@ -154,6 +164,26 @@ class ReferenceClient:
                 logp[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
             out.append(logp.masked_fill_(mb.loss_mask <= 0, 0.0))
         return tuple(out)
+
+    def _check_counts(self, answered: list[list[list[float]]], groups: list[tuple[int, list[list[int]]]],
+                      group_size: int) -> None:
+        """UserError naming the first row whose answer does not hold one log-prob per completion token."""
+        if len(answered) != len(groups):
+            raise UserError(f"the server at {self.url} answered {len(answered)} groups of log-probs for "
+                            f"{len(groups)} asked", where=self.where, valid="one list per group asked",
+                            hint="is it a grpo ref-serve of this grpo version? look at its terminal")
+        for (k, completions), per in zip(groups, answered):
+            if len(per) != len(completions):
+                raise UserError(f"the server at {self.url} answered {len(per)} completions for prompt {k} "
+                                f"(rollout rows {k * group_size}..{(k + 1) * group_size - 1}), {len(completions)} asked",
+                                where=self.where, valid="one list per completion",
+                                hint="look at the server's terminal")
+            for j, (ids, values) in enumerate(zip(completions, per)):
+                if len(values) != len(ids):
+                    raise UserError(f"the server at {self.url} answered {len(values)} log-probs for a completion "
+                                    f"of {len(ids)} tokens (prompt {k}, its completion {j} in the request)",
+                                    where=self.where, valid="one log-prob per completion token",
+                                    hint="is the server's model the one it should be? look at its terminal")
 
     # -- weights -------------------------------------------------------------------------
     def refresh(self, model: Any, alpha: float) -> None:
@@ -197,7 +227,7 @@ class ReferenceClient:
         if len(versions) > 1:  # a weight update ended between two buckets: not one set of weights
             raise UserError(f"the reference weights at {self.url} changed while they were downloaded (weights "
                             f"versions {', '.join(sorted(map(str, versions)))}): another client updated them",
-                            where="algorithm.reference_url", valid="a grpo ref-serve that serves this run alone",
+                            where=self.where, valid="a grpo ref-serve that serves this run alone",
                             hint="give each run its own grpo ref-serve, and resume from the last checkpoint")
         return out
 

@@ -1,6 +1,7 @@
 """Rewards: the TRL reward contract, the built-in rewards and the runner that scores a batch.
 
     scoring.py          a batch scored with the recipe's rewards: each called, its values checked, combined
+    subsets.py          a batch in parts, each scored by its own rewards ([[data.sources]]), put back together
     invocation.py       calling reward functions: sync ones in turn, async ones together on one loop
     watchdog.py         a sync reward in the main thread under grpo's timeout (signal-alarm rewards)
     failures.py         what a failed call becomes: the UserError that stops the run, or a None score

@@ -46,3 +46,20 @@ def check_reward_signature(index: int, reward: Resolved, args: Mapping[str, Any]
     check_values = getattr(reward.fn, "check_args", None)  # a built-in's own checks of its arg values
     if callable(check_values):
         check_values(args, columns, where=f"rewards[{index}].args")
+
+
+def check_columns_read(index: int, name: str, fn: Callable[..., Any], args: Mapping[str, Any],
+                       columns: Sequence[str]) -> None:
+    """UserError when ``fn`` declares columns it reads through ``**kwargs`` (``fn.reads_columns(args)``: tuples,
+    one column of each needed, as the built-ins arithmetic.exact, countdown.equation and math.accuracy do) and
+    ``columns`` have none of a tuple's. Run per [[data.sources]] source (grpocli.trainer.source_checks)."""
+    from grpocli.errors import UserError
+
+    reads = getattr(fn, "reads_columns", None)
+    if not callable(reads):
+        return
+    for choices in reads(dict(args)):
+        if not any(column in columns for column in choices):
+            raise UserError(f"reward {name!r} reads column {' or '.join(map(repr, choices))}, which the rows do not have",
+                            where=f"rewards[{index}] ({name})", valid=f"dataset columns: {', '.join(columns) or '(none)'}",
+                            hint="use a dataset with that column, or a reward that needs none")

@@ -204,6 +204,11 @@ def _math_score(parse: Callable[..., list], verify: Callable[..., bool], parsed_
 
 math_accuracy.bounds_own_time = True  # math-verify's per-answer alarms need the main thread (invocation)
 math_accuracy.takes_row_seconds = True  # reports each answer's seconds (grpocli.rewards.timings)
+#: The columns each reads through **kwargs, one of each tuple (grpocli.rewards.arguments.check_columns_read).
+arithmetic_exact.reads_columns = lambda args: [("answer",)]
+countdown_equation.reads_columns = lambda args: [("nums",), ("target",)]
+math_accuracy.reads_columns = lambda args: [(args.get("answer_column", "answer"),) + (
+    ("solution",) if args.get("answer_column", "answer") == "answer" else ())]
 
 
 def _parse_gold(parse: Callable[..., list], gold: str, seconds: int | None) -> list:

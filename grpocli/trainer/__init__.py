@@ -19,6 +19,8 @@
     guard.py           train.guard: after each step, a NaN, KL or entropy trip, and skip, rollback or stop
     rollback.py        a guard rollback: back to a checkpoint as a resume would, the undone steps kept aside
     session.py         `Session`: everything the loop needs, opened in an order that fails early
+    teacher.py         [distill]'s teacher: loaded or connected to, its vocabulary checked against the student's
     preflight.py       checks that need no model (names, rewards, tools), before any loads
+    source_checks.py   [[data.sources]] checked before any model loads, each source named
     signals.py         SIGTERM and SIGINT: stop cleanly and say what was kept
 """

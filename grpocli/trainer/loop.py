@@ -121,7 +121,7 @@ class Loop:
         self.observed_at = 0.0  # when the previous step was recorded (perf_counter)
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
-        self.settings = LossSettings.of(r.algorithm, r.generation)
+        self.settings = LossSettings.of(r.algorithm, r.generation, r.distill)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
                                             parallel=s.parallel, run_root=s.run.root, turns=s.turns,
                                             datasets=s.datasets)
@@ -203,7 +203,8 @@ class Loop:
                    "time/rewards": sum(x.rewards_s for x in sampled)}
         self.doing("advantages (every process's rewards gathered)")
         advantages = compute_advantages(s.parallel, scored, r.algorithm, reward_fns=s.reward_fns,   # 4.
-                                        max_completion_length=r.generation.max_completion_length)
+                                        max_completion_length=r.generation.max_completion_length,
+                                        keep_flat=self.settings.distill == "reverse_kl")
         s.after_generation(scored)
         rollouts = scored.rollouts
         completion_tokens = s.parallel.total(float(rollouts.model_lengths().sum()))  # the model's, as TRL
@@ -250,9 +251,9 @@ class Loop:
     def prepare(self, batch: Batch) -> list[Slice]:
         """steps_per_generation optimizer batches, each with the frozen log-probs its loss needs."""
         s, r = self.s, self.s.recipe
-        p, policy, temperature = s.parallel, s.policy, self.settings.temperature
+        p, policy = s.parallel, s.policy
         moves = r.train.steps_per_generation * r.algorithm.num_iterations > 1  # the policy moves before use
-        self.doing("frozen log-prob passes (old policy, reference)")
+        self.doing("frozen log-prob passes (old policy, reference, teacher)")
         out, layout = [], self.layout
         for part, adv, ob in optimizer_batches(p, batch.scored, batch.advantages, algorithm=r.algorithm,
                                                train=self.resizing.train, layout=layout,
@@ -263,18 +264,24 @@ class Loop:
             old = None  # the policy that generated, or the ratio to the engine, needs it
             if moves or correct:
                 old = self.frozen(policy, part.rollouts, mbs, layout)
-            ref, local_ref = None, False
-            if isinstance(s.reference, ReferenceClient):  # algorithm.reference = "server"
-                ref = s.reference.micro_batch_logprobs(part.rollouts, mbs, temperature)
-            elif s.reference is not None:
-                ref, local_ref = self.frozen(s.reference, part.rollouts, mbs, layout), True
+            (ref, local_ref), (teacher, local_teacher) = (self.scored_by(m, part.rollouts, mbs, layout)
+                                                          for m in (s.reference, s.teacher))
             weights, mismatch = None, {}
             if correct:
                 weights, sums = importance_weights(part.rollouts, mbs, old, r.vllm)
                 mismatch = mismatch_metrics(p, sums)
-            out.append(Slice(part, adv, ob, Frozen(old, ref, weights), mismatch, time.perf_counter() - t0,
-                             passes=(old is not None) + local_ref))
+            out.append(Slice(part, adv, ob, Frozen(old, ref, weights, teacher), mismatch, time.perf_counter() - t0,
+                             passes=(old is not None) + local_ref + local_teacher))
         return out
+
+    def scored_by(self, model: Any, rollouts: Rollouts, mbs: tuple, layout: Any) -> tuple[Any, bool]:
+        """(log-probs of the micro-batches under the reference or teacher `model`, whether a pass ran here):
+        (None, False) without one; a server (a ReferenceClient) scores them there."""
+        if isinstance(model, ReferenceClient):  # algorithm.reference = "server"; a served distill.teacher
+            return model.micro_batch_logprobs(rollouts, mbs, self.settings.temperature), False
+        if model is None:
+            return None, False
+        return self.frozen(model, rollouts, mbs, layout), True
 
     def frozen(self, model: Any, rollouts: Rollouts, mbs: tuple, layout: Any) -> tuple[torch.Tensor, ...]:
         """A model's log-probs of the micro-batches without gradient, in smaller passes after an out-of-memory."""
@@ -334,7 +341,7 @@ class Loop:
             "step": step, "epoch": s.epoch, "loss": stats["loss"],
             **reward_summary(p, sl.scored), **length_metrics(p, sl.scored.rollouts),
             **group_metrics(p, sl.advantages, r.algorithm.drop_zero_spread_groups), **sl.mismatch,
-            **computed_metrics(stats),
+            **computed_metrics(stats, distilled=s.teacher is not None),
             "grad_norm": stats["grad_norm"], "learning_rate": stats["learning_rate"], "num_tokens": s.state.num_tokens,
             **{k: stats[k] for k in ("packed_ratio", "packed_token_ratio") if k in stats},
             "skipped_update": stats["skipped"], **seconds, **training_parts(stats), **batch.info, **memory,

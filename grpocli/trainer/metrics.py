@@ -3,7 +3,8 @@ it and the time keys), rollouts/step-N.jsonl, and the terminal's progress displa
 
 Every figure of a line describes the optimizer batch of that step (its slice of the generation
 batch), gathered over all processes: rewards, per-reward metrics (the same code as `grpo eval`,
-grpocli.rewards.reward_metrics), completion lengths and the groups without reward spread.
+grpocli.rewards.reward_metrics), completion lengths and the groups without reward spread; with
+[[data.sources]], each source's too (`source_metrics`: reward/<source>, rewards/<source>/<reward>/mean).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from grpocli.parallel import Parallel
+from grpocli.recipe.data_sources import SOURCE_COLUMN
 from grpocli.rewards import Scores, reward_metrics
 from grpocli.rewards.timings import slowest_metrics
 from grpocli.rundir import RunDir, read_jsonl_lines
@@ -241,6 +243,30 @@ def reward_summary(parallel: Parallel, part: Scored) -> dict[str, float]:
         slowest = parallel.gather(torch.tensor([part.seconds.get(n, 0.0) for n in names])).view(-1, len(names))
         out.update({f"rewards/{n}/seconds": float(t) for n, t in zip(names, slowest.max(dim=0).values.tolist())})
     out.update(slowest_metrics(parallel, names, part.row_seconds))  # rewards/<name>/slowest_seconds
+    out.update(source_metrics(parallel, part, rewards.tolist(), per_reward, masked.any(dim=1).tolist()))
+    return out
+
+
+def source_metrics(parallel: Parallel, part: Scored, totals: list[float], per_reward: dict[str, list[float | None]],
+                   masked: list[bool]) -> dict[str, float]:
+    """With [[data.sources]] (rows that carry SOURCE_COLUMN), per source of the step's samples over every process:
+    reward/<source> (the mean total of its samples every reward scored), rewards/<source>/<reward>/mean (over its
+    values that are not None: only the rewards that score the source) and data/<source>/prompts (its prompts in
+    the step). ``totals``, ``per_reward`` and ``masked`` are the gathered [W*B*G] values of reward_summary."""
+    rows, g = part.rollouts.rows, part.rollouts.group_size
+    if not rows or SOURCE_COLUMN not in rows[0]:  # the same on every process: one dataset, or a mixture
+        return {}
+    labels = parallel.gather_rows([row.get(SOURCE_COLUMN) for row in rows for _ in range(g)])  # [W*B*G]
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(label for label in labels if label is not None):
+        mine = [i for i, label in enumerate(labels) if label == name]
+        scored = [totals[i] for i in mine if not masked[i]]
+        out[f"reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
+        out[f"data/{name}/prompts"] = len(mine) / g
+        for reward, values in per_reward.items():
+            present = [values[i] for i in mine if values[i] is not None]
+            if present:
+                out[f"rewards/{name}/{reward}/mean"] = sum(present) / len(present)
     return out
 
 
@@ -273,14 +299,17 @@ def length_metrics(parallel: Parallel, part: Rollouts) -> dict[str, float]:
     return out
 
 
-def computed_metrics(stats: dict[str, float]) -> dict[str, float]:
+def computed_metrics(stats: dict[str, float], *, distilled: bool = False) -> dict[str, float]:
     """kl, entropy and TRL's clip_ratio/* from the loss tokens the step computed; none at all when it
     computed none (every group flat, or every row masked): a 0 there would read as a collapse, so
-    the keys are absent and `grpo inspect` says which steps computed nothing."""
+    the keys are absent and `grpo inspect` says which steps computed nothing. `distilled` ([distill]):
+    distill/reverse_kl, the mean over loss tokens of student - teacher log-prob of the sampled token
+    (the sampled estimate of the reverse KL to the teacher, per token)."""
     tokens = stats["tokens"]
     if not tokens:
         return {}
-    return {"kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
+    teacher = {"distill/reverse_kl": stats.get("teacher_kl", 0.0) / tokens} if distilled else {}
+    return {**teacher, "kl": stats["kl"] / tokens, "entropy": stats["entropy"] / tokens,
             "clip_ratio/low_mean": stats["clip_low"] / tokens, "clip_ratio/low_min": stats["clip_low_min"],
             "clip_ratio/high_mean": stats["clip_high"] / tokens, "clip_ratio/high_max": stats["clip_high_max"],
             "clip_ratio/region_mean": stats["clip_region"] / tokens}

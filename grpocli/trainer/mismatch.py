@@ -1,4 +1,4 @@
-"""Engine log-probs into the loss: importance weights (TRL's four modes) and their metrics."""
+"""Engine log-probs into the loss: importance weights (TRL's four modes, OpenRLHF's gates) and their metrics."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def importance_weights(rollouts: Rollouts, micro_batches: tuple[MicroBatch, ...]
     """
     mode = IMPORTANCE_SAMPLING_MODES[vllm.importance_sampling_mode]
     weigh, lo, hi = mode.fn, vllm.importance_sampling_clip_min, vllm.importance_sampling_clip_max
+    extra = {"divergence_max": vllm.importance_sampling_divergence_max} if mode.gates_divergence else {}
     total = {"tokens": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "ratio_sum": 0.0,
              "ratio_min": float("inf"), "ratio_max": 0.0}
     weights = []
@@ -36,7 +37,7 @@ def importance_weights(rollouts: Rollouts, micro_batches: tuple[MicroBatch, ...]
         for row, i in enumerate(mb.index.tolist()):
             values = rollouts.engine_logprobs[i][: engine.shape[1]]
             engine[row, : len(values)] = torch.tensor(values, dtype=engine.dtype)
-        w = weigh(old, engine, mb.loss_mask, lo, hi)  # [n, T] or [n, 1]
+        w = weigh(old, engine, mb.loss_mask, lo, hi, **extra)  # [n, T] or [n, 1]
         has_loss = (mb.loss_mask.sum(-1, keepdim=True) > 0).to(w.dtype) if mode.per_sequence else mb.loss_mask
         weights.append(w * has_loss)
         sums = mismatch_sums(old, engine, mb.loss_mask)

@@ -6,7 +6,7 @@ can call it with what it will pass (grpocli.registry.contracts)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from grpocli.algorithms.variants import (
@@ -37,6 +37,7 @@ class Checked:
     curriculum: Callable[..., Any] | None
     dataset: Any = None  # the training split (datasets.Dataset)
     toolbox: Toolbox | None = None  # a multi-turn recipe's tools and environment, else None
+    sources: list[Any] = field(default_factory=list)  # [[data.sources]]: each one's training split, in order
 
 
 def preflight(recipe: Recipe) -> Checked:
@@ -53,9 +54,12 @@ def preflight(recipe: Recipe) -> Checked:
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now
     plugins = load_plugins()
     reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)  # names, and [[rewards]] args they take
-    resolve_dataset(recipe.data, plugins.datasets)
+    if not recipe.data.sources:
+        resolve_dataset(recipe.data, plugins.datasets)
     curriculum = _curriculum(recipe, plugins)  # hookspecs.Curriculum
     toolbox = open_toolbox(recipe, plugins)  # hookspecs.Tool and EnvironmentFactory; schemas built
+    if recipe.data.sources:  # [[data.sources]]: each checked and loaded, named (grpocli.trainer.source_checks)
+        return _mixture(recipe, plugins, reward_fns, curriculum, toolbox)
     # hookspecs.DatasetLoader, checked before the loader is called:
     dataset = load_dataset_for(recipe.data, plugins.datasets, recipe.data.split, recipe.train.seed)
     _check_eval_split(recipe, plugins)
@@ -66,6 +70,24 @@ def preflight(recipe: Recipe) -> Checked:
     env_column = ["environments"] if recipe.multi_turn.environment else []  # TRL's keyword, per rollout
     _check_reward_signatures(reward_fns, recipe, plugins, list(dataset.column_names) + env_column)
     return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset, toolbox=toolbox)
+
+
+def _mixture(recipe: Recipe, plugins: Plugins, reward_fns: list[RewardFn], curriculum: Callable[..., Any] | None,
+             toolbox: Toolbox | None) -> Checked:
+    """Checked for a recipe with [[data.sources]]: ``sources`` each one's training split, ``dataset`` all their
+    rows one after another (what train.num_train_epochs counts)."""
+    from grpocli.data.mixture import MixedRows
+    from grpocli.trainer.source_checks import check_sources
+
+    sources = check_sources(recipe, plugins, reward_fns, toolbox)
+    dataset = MixedRows([(s.label, rows) for s, rows in zip(recipe.data.sources, sources, strict=True)])
+    _check_batch_fits(recipe, len(dataset))  # a warning
+    if set(recipe.data.model_fields_set) & {"dataset", "args"} and (recipe.data.dataset != "arithmetic"
+                                                                     or recipe.data.args):
+        print("note: data.dataset and data.args are not read: [[data.sources]] names the datasets",
+              file=sys.stderr, flush=True)
+    return Checked(plugins=plugins, reward_fns=reward_fns, curriculum=curriculum, dataset=dataset,
+                   toolbox=toolbox, sources=sources)
 
 
 def _check_eval_split(recipe: Recipe, plugins: Plugins) -> None:
@@ -91,7 +113,9 @@ def _check_batch_fits(recipe: Recipe, rows: int) -> None:
     what = (f"train.prompts_per_step = {wanted}" if t.steps_per_generation == 1 else
             f"train.prompts_per_step x train.steps_per_generation = {t.prompts_per_step} x {t.steps_per_generation} "
             f"= {wanted}")
-    print(f"warning: {what} prompts per generation batch, but split {recipe.data.split!r} of data.dataset has "
+    has = ("the [[data.sources]] have" if recipe.data.sources else
+           f"split {recipe.data.split!r} of data.dataset has")
+    print(f"warning: {what} prompts per generation batch, but {has} "
           f"{rows} rows, so each row comes {wanted / rows:.1f} times in one batch; lower train.prompts_per_step or "
           "give the dataset more rows (data.args.num_samples for a generated one)", file=sys.stderr, flush=True)
 
@@ -272,6 +296,12 @@ def _check_loss_combinations(recipe: Recipe) -> None:
             f"loss = {a.loss!r} computes its own sequence-level weight from the token ratios; a sequence-level "
             "importance_sampling_level would be ignored", where="algorithm.importance_sampling_level",
             valid=f"'token' with {a.loss}", hint="set algorithm.importance_sampling_level = \"token\"")
+    if loss.filter_inside and a.top_entropy_quantile < 1.0:
+        raise UserError(
+            f"loss = {a.loss!r} takes its sequence weight over the kept tokens (TRL's GMPO: the geometric mean of the "
+            "high-entropy tokens only); grpo applies top_entropy_quantile after the objective, which would compute "
+            "something else", where="algorithm.top_entropy_quantile", valid=f"1.0 with {a.loss}",
+            hint="set algorithm.top_entropy_quantile = 1.0, or pick another loss")
     if a.importance_sampling_level == "sequence" and loss.sums_tokens:  # TRL 1.16 warns and runs it: so do we
         print(f"note: {sequence_with_token_sum(a.loss)}", file=sys.stderr, flush=True)
     for key in ("delta", "clip_ratio_c"):
@@ -282,7 +312,7 @@ def _check_loss_combinations(recipe: Recipe) -> None:
                 where=f"algorithm.{key}", valid=f"a value with loss {clipped}; none otherwise",
                 hint=f"remove algorithm.{key}, or pick one of those losses")
     engine_weights = v.importance_sampling_correction and recipe.generation.backend not in ON_THE_POLICY
-    if loss.token_level_only and engine_weights and IMPORTANCE_SAMPLING_MODES[v.importance_sampling_mode].per_sequence:
+    if loss.own_engine_weights and engine_weights and IMPORTANCE_SAMPLING_MODES[v.importance_sampling_mode].per_sequence:
         token_modes = names(IMPORTANCE_SAMPLING_MODES, where=lambda e: not e.per_sequence)
         raise UserError(
             f"loss = {a.loss!r} folds the engine's per-token importance weights into its sequence weight; it "

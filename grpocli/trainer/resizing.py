@@ -108,8 +108,7 @@ class Resizing:
         rows = [i for mb in mbs for i in mb.index.tolist()]
         cut = tuple(make_micro_batches(sl.scored.rollouts, sl.advantages.values, rows, max_sequences=t.micro_batch_size,
                                        max_tokens=t.max_tokens_per_micro_batch, layout=layout))
-        frozen = Frozen(*(None if part is None else recut(part, mbs, cut)
-                          for part in (sl.frozen.old_logp, sl.frozen.ref_logp, sl.frozen.is_weight)))
+        frozen = Frozen(*(None if part is None else recut(part, mbs, cut) for part in sl.frozen.parts()))
         return replace(sl, batch=replace(sl.batch, micro_batches=cut), frozen=frozen)
 
     def _smaller_training(self, failed: OutOfMemory, step: int) -> None:

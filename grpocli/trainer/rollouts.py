@@ -8,8 +8,9 @@ once by its phase and never changed after:
 All are prompt-major: completions [i*G : (i+1)*G] belong to prompt i. `select(groups)` cuts any
 of them to some groups (the optimizer batches of a cycle); DAPO's fill rounds are joined with
 `Scored.concat` and cut to their informative groups (`keep_informative`). Phases 3 and 4
-themselves are here too: `score_rollouts`, the rewards of the rollouts, and `compute_advantages`,
-the group-relative advantages over every process's groups.
+themselves are here too: `score_rollouts`, the rewards of the rollouts (with [[data.sources]], each
+source's rows by its own rewards and columns: `source_subsets`, grpocli.rewards.subsets), and
+`compute_advantages`, the group-relative advantages over every process's groups.
 
 A sample a reward could not score (`[[rewards]] on_error = "mask"`: `Scored.masked`) is left out
 of its group's statistics, gets advantage 0 and is out of the loss (`Advantages.keep` False, as a
@@ -27,8 +28,10 @@ import torch
 
 from grpocli.algorithms.advantages import overlong_penalty, zero_spread_groups
 from grpocli.algorithms.variants import ADVANTAGES
+from grpocli.recipe.data_sources import SOURCE_COLUMN, reward_indices
 from grpocli.rewards import score
 from grpocli.rewards.failures import stop_past_masked_share
+from grpocli.rewards.subsets import Subset, score_subsets
 
 if TYPE_CHECKING:
     from grpocli.multiturn.turns import TurnStats
@@ -226,13 +229,13 @@ def score_rollouts(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recip
     trainer_state keyword; `doing(names)` before each call), the weighted total with DAPO's overlong
     penalty added, each reward's values, errors counted, the rows each could not score (on_error =
     "mask"; UserError past a reward's max_masked_share of them) and its seconds."""
-    column = recipe.data.prompt_column
-    columns = rollouts.columns(exclude=(column, "prompt_text"))
-    if rollouts.environments is not None:  # TRL's `environments` keyword
-        columns["environments"] = rollouts.environments
-    scores = score(reward_fns, rollouts.prompts(column), rollouts.scored_completions(), columns,
-                   recipe.algorithm.reward_combination, completion_ids=rollouts.completion_ids, state=state,
-                   doing=doing)
+    combination = recipe.algorithm.reward_combination
+    if recipe.data.sources:  # each source's rows scored by its own rewards, with its own columns
+        scores = score_subsets(reward_fns, len(rollouts.completion_ids), source_subsets(rollouts, reward_fns, recipe),
+                               combination, state=state, doing=doing)
+    else:
+        scores = score(reward_fns, *reward_inputs(rollouts, recipe.data.prompt_column), combination,
+                       completion_ids=rollouts.completion_ids, state=state, doing=doing)
     stop_past_masked_share(reward_fns, scores, f"at step {state.global_step + 1}")
     total = torch.tensor(scores.total, dtype=torch.float32)  # [B*G]
     op = recipe.algorithm.overlong_penalty
@@ -243,9 +246,37 @@ def score_rollouts(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recip
                   scores.masked, scores.seconds, scores.row_seconds)
 
 
+def reward_inputs(rollouts: Rollouts, column: str) -> tuple[list[Any], list[Any], dict[str, list[Any]]]:
+    """What the rewards get of the rollouts: ``prompts``, ``completions`` and every other column ([B*G] each;
+    not the prompt column, the rendered text or a mixture's source name; TRL's ``environments`` where there are some)."""
+    columns = rollouts.columns(exclude=(column, "prompt_text", SOURCE_COLUMN))
+    if rollouts.environments is not None:  # TRL's `environments` keyword
+        columns["environments"] = rollouts.environments
+    return rollouts.prompts(column), rollouts.scored_completions(), columns
+
+
+def source_subsets(rollouts: Rollouts, reward_fns: list[RewardFn], recipe: Recipe) -> list[Subset]:
+    """The rollouts' rows by [[data.sources]] source (their SOURCE_COLUMN), each with the rewards that score
+    it (the source's ``rewards``; all for a row of no source) and its prompt column."""
+    sources = {source.label: source for source in recipe.data.sources}
+    names, labels = [spec.name for spec in recipe.rewards], [rf.name for rf in reward_fns]
+    groups: dict[str | None, list[int]] = {}
+    for i, row in enumerate(rollouts.rows):
+        groups.setdefault(row.get(SOURCE_COLUMN), []).append(i)
+    out = []
+    for name, idx in groups.items():
+        source = sources.get(name) if name is not None else None
+        part = rollouts.select(idx)
+        column = source.section(recipe.data).prompt_column if source else recipe.data.prompt_column
+        fns = reward_indices(source, names, labels) if source else list(range(len(reward_fns)))
+        out.append(Subset(completions_of(idx, rollouts.group_size), fns, *reward_inputs(part, column),
+                          completion_ids=part.completion_ids))
+    return out
+
+
 # -- phase 4: advantages over every process's groups -------------------------------------
 def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmSection, *,
-                       max_completion_length: int, reward_fns: list[RewardFn]) -> Advantages:
+                       max_completion_length: int, reward_fns: list[RewardFn], keep_flat: bool = False) -> Advantages:
     """`values [B*G]`, `flat [B]` and `keep [B*G]` of this process's groups.
 
     An estimator that `needs_components` (GDPO's normalize_then_sum) also gets every reward's own
@@ -253,6 +284,8 @@ def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmS
     can hide rewards that differ, which such an estimator still tells apart). Masked samples
     (`Scored.masked`) are out of every statistic, get advantage 0 and stay out of the loss; a
     group with fewer than 2 scored samples is flat and dropped whatever drop_zero_spread_groups says.
+    `keep_flat`: flat groups stay whatever drop_zero_spread_groups says (distillation's per-token signal
+    does not come from the rewards).
     """
     a, g = algorithm, scored.rollouts.group_size
     entry = ADVANTAGES[a.advantage_scale]
@@ -270,7 +303,7 @@ def compute_advantages(parallel: Parallel, scored: Scored, algorithm: AlgorithmS
         all_flat = zero_spread_groups(everyone, mask=mask)                       # [W*B]
     b, rank = scored.rollouts.num_prompts, parallel.rank
     flat = all_flat[rank * b : (rank + 1) * b]                                   # [B]
-    keep = ~flat if a.drop_zero_spread_groups else torch.ones(b, dtype=torch.bool)
+    keep = ~flat if a.drop_zero_spread_groups and not keep_flat else torch.ones(b, dtype=torch.bool)
     mine = masked[rank * b : (rank + 1) * b]                                     # [B, G]
     if mask is not None:
         keep &= g - mine.sum(dim=1) >= 2                                         # >= 2 scored samples

@@ -3,7 +3,8 @@
 Names (rewards, dataset, curriculum, tools) and the run directory are checked before any model
 loads (grpocli.trainer.preflight). The parallel strategy (grpocli.parallel) is chosen once here,
 prepares the models, and is what the loop, the step, generation and checkpoints ask about the
-processes. The run's counters live in `RunState` (here); the data position in the prompt stream;
+processes. The run's counters live in `RunState` (here); the data position in the prompt stream (one
+dataset's PromptStream, or a [[data.sources]] mixture's MixtureStream: one integer either way);
 both are saved by checkpoints and restored here on resume. `is_due` is the one rule for "every N
 steps" (checkpoints, evaluation, rollouts, reference refresh).
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from grpocli.data.mixture import MixtureStream
 from grpocli.data.stream import PromptStream
 from grpocli.errors import UserError
 from grpocli.inspection.alerts import Watch
@@ -96,8 +98,8 @@ class Session:
     scheduler: Any
     backend: GenerationBackend
     reward_fns: list[RewardFn]
-    prompts: RenderedPrompts  # dataset rows rendered on access
-    stream: PromptStream
+    prompts: RenderedPrompts  # dataset rows rendered on access (with [[data.sources]]: every source's, MixedRows)
+    stream: PromptStream | MixtureStream  # the order they are drawn in
     curriculum: Callable[..., Any] | None
     progress: Progress
     turns: TurnLoop | None = None  # multi-turn recipes (tools, environment)
@@ -106,6 +108,7 @@ class Session:
     state: RunState = field(default_factory=RunState)
     watch: Watch = field(default_factory=Watch)
     fit: Fit | None = None  # what train.micro_batch_size = "auto" became, and why (grpocli.trainer.autofit)
+    teacher: Any = None     # [distill]: a frozen model, or a ReferenceClient for a served one (grpocli.trainer.teacher)
 
     @property
     def recipe(self) -> Recipe:
@@ -124,7 +127,6 @@ class Session:
     def open(cls, resolved: Resolved) -> Session:
         from accelerate.utils import set_seed
 
-        from grpocli.data.template import RenderedPrompts
         from grpocli.generation.backends import build_backend
         from grpocli.parallel import start
         from grpocli.recipe.duration import resolve_duration
@@ -148,8 +150,8 @@ class Session:
         if r.train.torch_threads:
             torch.set_num_threads(r.train.torch_threads)
         with parallel.loading():  # ZeRO-3 partitions the models at prepare, not at load
-            tokenizer, model, reference = _models(r, parallel)
-        prompts = RenderedPrompts(checked.dataset, r.data, tokenizer)
+            tokenizer, model, reference, teacher = _models(r, parallel)
+        prompts, stream = _prompt_stream(checked, r, tokenizer)  # one dataset, or [[data.sources]] mixed
         model, reference, optimizer, scheduler = parallel.prepare(model, reference, lambda m: _optimizer(r.train, m))
         set_seed(r.train.seed + parallel.rank)  # each process samples differently
         backend = build_backend(parallel.unwrap(model), tokenizer, r, seed=torch.initial_seed() % 2**31,
@@ -162,9 +164,9 @@ class Session:
         s = cls(resolved=resolved, run=run, parallel=parallel, tokenizer=tokenizer, model=model,
                 reference=reference, optimizer=optimizer, scheduler=scheduler, backend=backend,
                 reward_fns=checked.reward_fns, prompts=prompts,
-                stream=PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle),
+                stream=stream,
                 curriculum=checked.curriculum, turns=turns, datasets=checked.plugins.datasets,
-                progress=Progress(r.log.progress, r.train.steps, parallel.main), fit=fit)
+                progress=Progress(r.log.progress, r.train.steps, parallel.main), fit=fit, teacher=teacher)
         for note in durations:
             s.progress.note(note, always=parallel.main)
         described, warning = parallel.describe(model), parallel.low_precision_warning(model)
@@ -295,12 +297,33 @@ def _saved(resume_from: tuple[int, Any] | None, run: RunDir) -> dict[str, Any]:
         return {}
 
 
-def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:
+def _prompt_stream(checked: Any, r: Recipe, tokenizer: Any) -> tuple[Any, PromptStream | MixtureStream]:
+    """The rendered prompts and the order they are drawn in: the dataset's PromptStream, or with [[data.sources]]
+    each source rendered with its own keys and drawn by weight (grpocli.data.mixture); its rows carry `_source`."""
+    from grpocli.data.mixture import MixedRows
+    from grpocli.data.template import RenderedPrompts
+
+    if not r.data.sources:
+        prompts = RenderedPrompts(checked.dataset, r.data, tokenizer)
+        return prompts, PromptStream(prompts, seed=r.train.seed, shuffle=r.data.shuffle)
+    parts = [(source.label, RenderedPrompts(rows, source.section(r.data), tokenizer))
+             for source, rows in zip(r.data.sources, checked.sources, strict=True)]
+    stream = MixtureStream(parts, [source.weight for source in r.data.sources], seed=r.train.seed,
+                           shuffle=r.data.shuffle)
+    return MixedRows(parts), stream
+
+
+def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any, Any]:
+    """The tokenizer, policy, reference (None when beta = 0) and teacher (None without [distill]); a local
+    teacher loads first (a wrong one costs no policy load), a served one is connected to after the policy."""
     from grpocli.models import load_policy, load_reference, load_tokenizer
+    from grpocli.trainer.teacher import connect_teacher, open_teacher
 
     device = parallel.load_device  # a GPU: the weights load straight onto it, not whole on the host
     tokenizer = load_tokenizer(r.model)
+    teacher = open_teacher(r, tokenizer, device=device)
     model = load_policy(r.model, r.train.seed, device=device)
+    teacher = teacher or connect_teacher(r, model, parallel)
     reference = None  # beta = 0: no KL term, no reference
     if r.algorithm.beta > 0 and r.algorithm.reference == "server":  # a grpo ref-serve: no copy here
         from grpocli.reference.client import ReferenceClient
@@ -308,7 +331,7 @@ def _models(r: Recipe, parallel: Parallel) -> tuple[Any, Any, Any]:
         reference = ReferenceClient.connect(r.algorithm, parallel)
     elif r.algorithm.beta > 0:
         reference = load_reference(r.model, r.train.seed, device=device)
-    return tokenizer, model, reference
+    return tokenizer, model, reference, teacher
 
 
 def _check_memory(r: Recipe, parallel: Parallel) -> None:

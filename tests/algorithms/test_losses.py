@@ -86,7 +86,8 @@ def _norm(micro_batches: int = 1) -> LossNorm:
 def test_table():
     aggregations = {name: entry.aggregation_fn for name, entry in LOSSES.items()}
     assert aggregations == {"grpo": grpo_loss, "bnpo": bnpo_loss, "dr_grpo": dr_grpo_loss, "dapo": dapo_loss,
-                            "cispo": dapo_loss, "sapo": grpo_loss, "luspo": luspo_loss, "vespo": dapo_loss}
+                            "cispo": dapo_loss, "sapo": grpo_loss, "luspo": luspo_loss, "vespo": dapo_loss,
+                            "gmpo": grpo_loss}
 
 
 def test_luspo_and_token_mean_override_by_hand():

@@ -39,6 +39,7 @@ EPS = 1e-4  # STD_EPS
 #   cispo: -min(r, 0.2) A logp        -> [0.2 ln2, 0.4 ln2], [-1.2 ln2]   (sum -0.6 ln2)
 #   sapo:  -sigmoid(0) 4 / tau A      -> [-2, -2], [6 / 1.05 = 40/7]
 #   vespo: -phi(w = 1) A logp, phi 1  -> [ln2, 2 ln2], [-6 ln2]           (sum -3 ln2)
+#   gmpo:  -exp(mean of log r = 0) A  -> [-1], [3] per sequence (broadcast over its tokens)
 # Aggregations: grpo = mean of sequence means; bnpo = token mean / micro-batches; dr_grpo =
 # sum / (4 x 2); dapo = sum / 3 tokens; luspo = sum / 2 sequences.
 HAND_LOSSES = {
@@ -50,6 +51,7 @@ HAND_LOSSES = {
     "cispo": -0.6 * LN2 / 3,             # dapo's aggregation: -0.2 ln2
     "sapo": (-2 + 40 / 7) / 2,           # grpo's aggregation: 13/7
     "vespo": -3 * LN2 / 3,               # dapo's aggregation: -ln2
+    "gmpo": (-1 + 3) / 2,                # grpo's aggregation of one term per sequence: 1.0
 }
 
 # KL at one token, policy p = 0.5, reference q = 0.25: log_r = ln q - ln p = -ln2
@@ -78,12 +80,21 @@ HAND_ADVANTAGES = {
 }
 
 # Engine importance weights: trainer old log-probs [0, -1], engine's [0, -2], bounds (None, 2):
-# token ratios [1, e]; the sequence's ratio e^(0 + 1) = e.
+# token ratios [1, e]; the sequence's ratio e^(0 + 1) = e, its geometric mean e^(1/2) = 1.65.
+# OpenRLHF's divergence gates, divergence_max 0.1: engine p = [1, e^-2], trainer q = [1, e^-1] (1 -> 1 - 1e-6);
+# token 1: binary KL = p ln(p/q) + (1-p) ln((1-p)/(1-q)) = 0.1355, TV = |p - q| = 0.2325 (token 0: 0 both);
+# sequence means 0.0678 (binary KL, kept) and 0.1163 (TV, dropped). Kept tokens keep their own ratio.
+DIVERGENCE_MAX = 0.1
 HAND_MODES = {
     "token_truncate": [[1.0, 2.0]],   # e clamped to 2
     "token_mask": [[1.0, 0.0]],       # e outside the bounds: 0
     "sequence_truncate": [[2.0]],
     "sequence_mask": [[0.0]],
+    "sequence_geomean_mask": [[1.0, math.e]],  # 1.65 <= 2: kept
+    "token_binary_kl_mask": [[1.0, 0.0]],      # 0.1355 > 0.1
+    "token_tv_mask": [[1.0, 0.0]],             # 0.2325 > 0.1
+    "sequence_binary_kl_mask": [[1.0, math.e]],  # 0.0678 <= 0.1
+    "sequence_tv_mask": [[0.0, 0.0]],            # 0.1163 > 0.1
 }
 
 
@@ -127,7 +138,8 @@ def test_advantage_by_hand(name):
 @pytest.mark.parametrize("name", sorted(IMPORTANCE_SAMPLING_MODES))
 def test_importance_mode_by_hand(name):
     mode = IMPORTANCE_SAMPLING_MODES[name]
-    got = mode.fn(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.ones(1, 2), None, 2.0)
+    extra = {"divergence_max": DIVERGENCE_MAX} if mode.gates_divergence else {}
+    got = mode.fn(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -2.0]]), torch.ones(1, 2), None, 2.0, **extra)
     torch.testing.assert_close(got, torch.tensor(HAND_MODES[name]))
     assert (got.shape[-1] == 1) == mode.per_sequence
 
@@ -187,7 +199,9 @@ def test_preflight_rules_follow_the_loss_entry(name):
     err = _refused(loss, "algorithm.importance_sampling_level='sequence'")  # TRL warns for token sums, runs them
     assert (err is None) == (not entry.token_level_only), err
     err = _refused(loss, "generation.backend='vllm'", "vllm.importance_sampling_mode='sequence_mask'")
-    assert (err is None) == (not entry.token_level_only), err
+    assert (err is None) == (not entry.own_engine_weights), err  # folds the engine's token weights itself
+    err = _refused(loss, "algorithm.top_entropy_quantile=0.2")  # the 80/20 filter inside its sequence weight
+    assert (err is None) == (not entry.filter_inside), err
 
 
 def test_preflight_rules_follow_the_other_entries():

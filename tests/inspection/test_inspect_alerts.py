@@ -58,6 +58,11 @@ def test_format_only_rise():
     assert check(healthy()) == []
     alone = [{k: v for k, v in m.items() if "math.accuracy" not in k} for m in flat_task]
     assert "format_only" not in codes(check(alone))
+    # a [[data.sources]] mixture's per-source means (rewards/<source>/<reward>/mean) are no rewards of their own
+    mixed = [{**m, "rewards/gsm8k/format.soft/mean": m["rewards/format.soft/mean"],
+              "rewards/gsm8k/math.accuracy/mean": 0.1} for m in flat_task]
+    assert codes(check(mixed)) == {"format_only"}
+    assert "gsm8k" not in check(mixed)[0].message
 
 
 def test_length_explosion():

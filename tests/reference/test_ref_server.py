@@ -335,3 +335,78 @@ def test_bad_model_exits_2_without_traceback(grpo, tmp_path):
     result = grpo("ref-serve", "--model", str(tmp_path / "missing"), "--port", str(_free_port()))
     assert result.returncode == 2, result.stderr
     assert "--model" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- a served distillation teacher (distill.teacher = the server's URL) -------------------------------------
+@pytest.mark.slow
+def test_a_served_teacher_gives_the_local_teachers_metrics(tmp_path, server, monkeypatch):
+    """The server holds the student's starting weights; with 'reward_plus_kl' the student moves away from them
+    at step 1 (rewards), so step 2 has a KL to the teacher, through the server as in process."""
+    from grpocli.models import save_model
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    model, tokenizer = _reference_model()
+    local_dir = save_model(model, tokenizer, tmp_path / "teacher")
+    keys = ["distill.objective=reward_plus_kl", "distill.coef=0.5", "algorithm.beta=0"]
+    _, local = _train(tmp_path / "local", *keys, f"distill.teacher={local_dir}")
+    s, remote = _train(tmp_path / "served", *keys, f"distill.teacher={server}")
+    assert isinstance(s.teacher, ReferenceClient) and s.teacher.where == "distill.teacher"
+    assert local[0]["distill/reverse_kl"] == 0.0 and local[1]["distill/reverse_kl"] != 0.0
+    for g, w in zip(remote, local):
+        for key in ("distill/reverse_kl", "loss", "grad_norm", "reward"):
+            assert abs(g[key] - w[key]) <= 1e-5 * max(1.0, abs(w[key])), (g["step"], key, g[key], w[key])
+
+
+class ShortAnswers:
+    """A real HTTP proxy on 127.0.0.1 in front of the server that drops the last log-prob of one completion
+    (the second group's first) from every /logprobs answer."""
+
+    def __init__(self, target: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Forward(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.forward(None)
+
+            def do_POST(self) -> None:
+                self.forward(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+            def forward(self, data) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length",
+                                                                                     "connection")}
+                req = urllib.request.Request(target + self.path, data=data, headers=headers, method=self.command)
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    status, body = resp.status, resp.read()
+                if self.path == "/logprobs":
+                    answer = json.loads(body)
+                    answer["logprobs"][1][0] = answer["logprobs"][1][0][:-1]
+                    body = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ShortAnswers:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def test_a_teacher_server_answering_the_wrong_number_of_log_probs_names_the_row(tmp_path, server, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with ShortAnswers(server) as proxy, pytest.raises(UserError) as err:
+        _train(tmp_path / "run", f"distill.teacher={proxy.url}", "train.steps=1")
+    assert err.value.where == "distill.teacher", err.value
+    assert "log-probs for a completion of" in err.value.what and "prompt 1, its completion 0" in err.value.what
