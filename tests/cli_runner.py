@@ -23,6 +23,20 @@ def run_grpo(*args: str, env: dict[str, str] | None = None, cwd: Path | None = N
     )
 
 
+def grpo_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """The real command line, in this process (no interpreter to start): its exit code and output."""
+    from grpocli.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["grpo", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
 def install_plugin(source: Path, target: Path) -> Path:
     """``pip install --target`` of a plugin distribution (no deps, no index, no build isolation),
     so the test environment's own site-packages stay as they are; skips without pip or hatchling."""

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate import Accelerator
-from cli_runner import assert_user_error
+from cli_runner import grpo_in_process
 from tiny_runs import FAST
 
 from grpocli.algorithms.packing import Layout
@@ -173,22 +173,33 @@ def _metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_run_learns_from_a_local_teacher_and_its_own_weights_teach_nothing(grpo, tmp_path, teachers):
-    out = grpo("train", "quickstart", *FAST, f"train.output_dir={tmp_path / 'same'}",
-               f"distill.teacher={teachers['same']}")
-    assert out.returncode == 0, out.stderr[-3000:]
+def _train(monkeypatch, capsys, run, teacher, *extra: str) -> tuple[int, str]:
+    return grpo_in_process(monkeypatch, capsys, "train", "quickstart", *FAST, f"train.output_dir={run}",
+                           f"distill.teacher={teacher}", *extra)
+
+
+def _user_error(code: int, output: str, *needles: str) -> None:
+    assert code == 2 and "Traceback" not in output, output[-3000:]
+    assert output.count("error: ") == 1, output
+    for needle in needles:
+        assert needle in output, f"{needle!r} not in:\n{output}"
+
+
+def test_a_run_learns_from_a_local_teacher_and_its_own_weights_teach_nothing(tmp_path, teachers, monkeypatch,
+                                                                              capsys):
+    code, output = _train(monkeypatch, capsys, tmp_path / "same", teachers["same"])
+    assert code == 0, output[-3000:]
     same = _metrics(tmp_path / "same")
     assert [m["distill/reverse_kl"] for m in same] == [0.0, 0.0]  # the student is its teacher: no signal
     assert [m["grad_norm"] for m in same] == [0.0, 0.0]
-    out = grpo("train", "quickstart", *FAST, f"train.output_dir={tmp_path / 'other'}",
-               f"distill.teacher={teachers['other']}")
-    assert out.returncode == 0, out.stderr[-3000:]
+    code, output = _train(monkeypatch, capsys, tmp_path / "other", teachers["other"])
+    assert code == 0, output[-3000:]
     other = _metrics(tmp_path / "other")
     assert all(m["distill/reverse_kl"] != 0 and m["grad_norm"] > 0 for m in other)
     assert other[0]["loss"] == pytest.approx(other[0]["distill/reverse_kl"], rel=1e-5)  # dapo at ratio 1
 
 
-def test_a_teacher_with_another_vocabulary_exits_2_naming_both(grpo, tmp_path, teachers):
+def test_a_teacher_with_another_vocabulary_exits_2_naming_both(tmp_path, teachers, monkeypatch, capsys):
     """The tiny tokenizer with a larger vocabulary: the same characters, more ids."""
     import shutil
 
@@ -197,16 +208,14 @@ def test_a_teacher_with_another_vocabulary_exits_2_naming_both(grpo, tmp_path, t
     odd = tmp_path / "odd"
     shutil.copytree(teachers["other"], odd)
     build_char_tokenizer(vocab_size=300).save_pretrained(odd)
-    out = grpo("train", "quickstart", *FAST, f"train.output_dir={tmp_path / 'run'}", f"distill.teacher={odd}")
-    err = assert_user_error(out, "distill.teacher", "is not the student's", str(odd), "tiny")
-    assert "tokens)" in err and not (tmp_path / "run" / "checkpoints").exists()
+    code, output = _train(monkeypatch, capsys, tmp_path / "run", odd)
+    _user_error(code, output, "distill.teacher", "is not the student's", str(odd), "tiny", "tokens)")
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("teacher, needles", [
     ("/nonexistent/teacher", ["distill.teacher", "/nonexistent/teacher", "as a model"]),
     ("http://127.0.0.1:9", ["distill.teacher", "no grpo ref-serve answers at http://127.0.0.1:9"]),
 ])
-def test_a_teacher_that_cannot_be_loaded_or_reached_is_named(grpo, tmp_path, teacher, needles):
-    out = grpo("train", "quickstart", *FAST, f"train.output_dir={tmp_path / 'run'}", f"distill.teacher={teacher}",
-               "distill.timeout=3")
-    assert_user_error(out, *needles)
+def test_a_teacher_that_cannot_be_loaded_or_reached_is_named(tmp_path, teacher, needles, monkeypatch, capsys):
+    _user_error(*_train(monkeypatch, capsys, tmp_path / "run", teacher, "distill.timeout=3"), *needles)

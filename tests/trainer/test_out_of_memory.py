@@ -4,13 +4,13 @@ the split step equals the unsplit one. The floor and "auto" through the real com
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 import pytest
 import tomllib
 import torch
 from accelerate import Accelerator
+from cli_runner import grpo_in_process
 from tiny_runs import FAST
 
 from grpocli.algorithms.packing import Layout
@@ -124,20 +124,6 @@ def test_bnpo_is_not_split(batch):
                         "bnpo", print)
     with pytest.raises(UserError, match="divides by each micro-batch's own tokens"):
         resizing.step(lambda sl: (_ for _ in ()).throw(OutOfMemory("training", N, T)), batch, Layout(), 2)
-
-
-def grpo_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """The real command line, in this process (no interpreter to start): its exit code and output."""
-    from grpocli.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["grpo", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def test_auto_sizes_to_the_limit_and_records_why(tmp_path, monkeypatch, capsys):
