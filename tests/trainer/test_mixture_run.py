@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_runner import sigkill_when
+from cli_runner import grpo_in_process, sigkill_when
 
 from grpocli.recipe import load_recipe
 from grpocli.rundir import RunDir
@@ -98,20 +98,6 @@ def mix(tmp_path) -> Path:
     path = tmp_path / "mix.toml"
     path.write_text(RECIPE.format(root=tmp_path))
     return path
-
-
-def grpo_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """The real command line, in this process: its exit code and output."""
-    from grpocli.cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["grpo", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 @pytest.mark.slow
