@@ -119,6 +119,7 @@ def differentiable_entropy(logits: torch.Tensor, temperature: float = 1.0) -> to
 
 def sequence_logprobs(
     model: Any, rows: Rows, temperature: float, *, with_entropy: bool = False, entropy_grad: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of every completion token of `rows` (grpocli.algorithms.packing, any layout),
     `[n, T]`, 0 where `rows.loss_mask` is 0 (and the entropy there, with gradient where
@@ -138,10 +139,11 @@ def sequence_logprobs(
     ).logits                                                       # [r, K, V] in the model's dtype
     index = rows.token_index.to(device)                            # [n, T] into the r*K scored tokens
     real = rows.loss_mask.to(device) > 0                           # [n, T]
-    logp = token_logprobs(logits, rows.labels.to(device), temperature).flatten()[index]
+    logp = token_logprobs(logits, rows.labels.to(device), temperature, chunk_tokens).flatten()[index]
     logp = logp.masked_fill(~real, 0.0)                            # [n, T]
     entropy = None
     if with_entropy:
-        entropy_of = differentiable_entropy if entropy_grad else token_entropy
-        entropy = entropy_of(logits, temperature).flatten()[index].masked_fill(~real, 0.0)  # [n, T]
+        entropy = (differentiable_entropy(logits, temperature) if entropy_grad
+                   else token_entropy(logits, temperature, chunk_tokens))
+        entropy = entropy.flatten()[index].masked_fill(~real, 0.0)  # [n, T]
     return logp, entropy

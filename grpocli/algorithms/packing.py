@@ -70,7 +70,8 @@ class Rows:
 def attention_implementation(model: Any) -> str | None:
     """transformers' `_attn_implementation` of `model` (DDP-wrapped or not)."""
     config = getattr(getattr(model, "module", model), "config", None)  # DDP keeps the model in .module
-    return getattr(config, "_attn_implementation", None)
+    name = getattr(config, "_attn_implementation", None)
+    return name.removeprefix("grpo_ulysses_") if name else name  # the attention grpocli.parallel.ulysses wraps
 
 
 def choose_layout(model: Any) -> Layout:
@@ -94,6 +95,11 @@ def model_attention_mask(model: Any, rows: Rows, device: torch.device) -> torch.
         mask = tree_mask(tree[0], tree[1])
     else:
         mask = rows.attention_mask.to(device) if rows.attention_mask is not None else None
+    return eager_mask(model, mask)
+
+
+def eager_mask(model: Any, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A 4D bool mask as the model's attention wants it: as it is (sdpa), additive float (eager)."""
     if mask is None or mask.dim() != 4 or attention_implementation(model) != "eager":
         return mask
     dtype = next(model.parameters()).dtype

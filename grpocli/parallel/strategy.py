@@ -28,12 +28,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from grpocli.errors import UserError
 from grpocli.parallel import status
+
+if TYPE_CHECKING:
+    from grpocli.parallel.sequence import SequenceSplit
 
 #: The moving reference model (algorithm.ref_sync_steps > 0), inside a checkpoint's trainer/.
 REFERENCE = "reference.safetensors"
@@ -53,6 +56,7 @@ class Parallel:
     def __init__(self, accelerator: Any) -> None:
         self.accelerator = accelerator  # None: one process without accelerate (Parallel.alone)
         self.activity: tuple[int, str, float] | None = None  # (step, what, since): `doing`
+        self.split: SequenceSplit | None = None  # train.sequence_parallel > 1 (grpocli.parallel.sequence)
 
     @property
     def recipe_sharding(self) -> str:
@@ -212,6 +216,18 @@ class Parallel:
         optimizer.zero_grad(set_to_none=True)
 
     # -- models ----------------------------------------------------------------------------
+    def split_models(self, *models: Any) -> None:
+        """Under sequence parallelism, route each in-process model's attention through Ulysses'
+        exchange (grpocli.parallel.ulysses); UserError for a model the split cannot run."""
+        if self.split is None:
+            return
+        from grpocli.parallel.ulysses import check_model, use_ulysses
+
+        for model in models:
+            if isinstance(model, torch.nn.Module):
+                check_model(model, self.split.size)
+                use_ulysses(model)
+
     @property
     def load_device(self) -> torch.device | None:
         """Where the models load: straight onto this process's GPU (None: on the host, then `prepare`)."""

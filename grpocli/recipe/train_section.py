@@ -113,6 +113,24 @@ class TrainSection(Section):
         "selects it too; DeepSpeed ZeRO comes only from accelerate's config (configs/deepspeed_zero*.yaml).",
         json_schema_extra=FREE_ON_RESUME,
     )
+    sequence_parallel: int = Field(
+        1, ge=1, le=64,
+        description="Processes that split each sequence (Ulysses, as verl's ulysses_sequence_parallel_size): N "
+        "processes take turns at each one's micro-batches, each holding 1/N of a row's tokens through every layer; "
+        "attention exchanges heads with all-to-all, so each sees the whole row for 1/N of the heads. Activation and "
+        "logits memory per process fall about N-fold for the same micro-batch; the loss and gradients are the "
+        "unsplit step's. N divides train.num_processes and the model's attention and key-value heads; it composes "
+        "with DDP, FSDP2, packing and shared prompts. 1: off.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
+    logits_chunk_tokens: int = Field(
+        1024, ge=16, le=1048576,
+        description="Token positions whose logits are upcast to float32 at once in the log-prob and entropy "
+        "passes (TRL's selective_log_softmax idea, in blocks): one block takes this x vocabulary x 4 bytes, e.g. "
+        "1024 x 152k x 4 = 620 MiB for Qwen2.5. Smaller bounds that block at long completions; the log-probs "
+        "are the same.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     memory_limit: ByteSize | None = Field(
         None, gt=0, description="Most memory one pass may take on one process, e.g. '8GiB': on a CPU the process's "
         "peak resident set, on a GPU torch's max_memory_allocated (default: the GPU itself; on a CPU no limit). A "

@@ -121,7 +121,7 @@ class Loop:
         self.observed_at = 0.0  # when the previous step was recorded (perf_counter)
         r = s.recipe
         self.sampling = Sampling.from_section(r.generation)
-        self.settings = LossSettings.of(r.algorithm, r.generation, r.distill)
+        self.settings = LossSettings.of(r.algorithm, r.generation, r.distill, r.train.logits_chunk_tokens)
         self.evaluation = PeriodicEval.open(r, tokenizer=s.tokenizer, backend=s.backend, reward_fns=s.reward_fns,
                                             parallel=s.parallel, run_root=s.run.root, turns=s.turns,
                                             datasets=s.datasets)
@@ -287,7 +287,7 @@ class Loop:
         """A model's log-probs of the micro-batches without gradient, in smaller passes after an out-of-memory."""
         def run(chunks: tuple | None) -> tuple[torch.Tensor, ...]:
             return frozen_logprobs(self.s.parallel, model, mbs, self.settings.temperature, chunks,
-                                   budget=self.resizing.budget)
+                                   budget=self.resizing.budget, chunk_tokens=self.settings.chunk_tokens)
         return self.resizing.frozen(run, rollouts, mbs, layout, self.s.state.step + 1)
 
     # -- phases 6-7 ----------------------------------------------------------------------

@@ -151,6 +151,7 @@ class Session:
             torch.set_num_threads(r.train.torch_threads)
         with parallel.loading():  # ZeRO-3 partitions the models at prepare, not at load
             tokenizer, model, reference, teacher = _models(r, parallel)
+        parallel.split_models(model, reference, teacher)  # train.sequence_parallel: Ulysses attention
         prompts, stream = _prompt_stream(checked, r, tokenizer)  # one dataset, or [[data.sources]] mixed
         model, reference, optimizer, scheduler = parallel.prepare(model, reference, lambda m: _optimizer(r.train, m))
         set_seed(r.train.seed + parallel.rank)  # each process samples differently

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from grpocli.algorithms.logprobs import sequence_logprobs
+from grpocli.algorithms.logprobs import DEFAULT_CHUNK_TOKENS, sequence_logprobs
 from grpocli.algorithms.losses import (
     LossNorm,
     PolicyTerms,
@@ -67,6 +67,7 @@ class LossSettings:
     distill: str | None = None          # [distill] objective: 'reverse_kl', 'reward_plus_kl' (None: no teacher)
     distill_coef: float = 1.0
     distill_kl_estimator: str = "k2"
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # train.logits_chunk_tokens: logits upcast at once
     objective: Callable[..., Any] = field(init=False, repr=False, compare=False)    # LOSSES[loss]'s
     aggregation: Callable[..., Any] = field(init=False, repr=False, compare=False)  # LOSSES[loss]'s
 
@@ -77,7 +78,7 @@ class LossSettings:
 
     @classmethod
     def of(cls, algorithm: AlgorithmSection, generation: GenerationSection,
-           distill: DistillSection | None = None) -> LossSettings:
+           distill: DistillSection | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> LossSettings:
         a = algorithm
         surrogate = SurrogateSettings(**{f: getattr(a, f) for f in SurrogateSettings.__dataclass_fields__})
         d = distill if distill is not None and distill.on else None
@@ -86,7 +87,8 @@ class LossSettings:
                    importance_sampling_level=a.importance_sampling_level,
                    kl_importance_correction=a.kl_importance_correction, entropy_coef=a.entropy_coef,
                    top_entropy_quantile=a.top_entropy_quantile, distill=d.objective if d else None,
-                   distill_coef=d.coef if d else 1.0, distill_kl_estimator=d.kl_estimator if d else "k2")
+                   distill_coef=d.coef if d else 1.0, distill_kl_estimator=d.kl_estimator if d else "k2",
+                   chunk_tokens=chunk_tokens)
 
     @property
     def kl(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -132,7 +134,8 @@ def micro_batch_loss(
     (old_logp, ref_logp, is_weight, teacher_logp) (`Frozen.of`)."""
     old_logp, ref_logp, is_weight, teacher_logp = (*frozen, None)[:4]  # 3 given: no teacher
     # 1. log-probs (and entropy) under the current policy           # [n, T]
-    logp, entropy = forward(model, mb, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0)
+    logp, entropy = forward(model, mb, s.temperature, with_entropy=True, entropy_grad=s.entropy_coef > 0,
+                            chunk_tokens=s.chunk_tokens)
     device = logp.device
     mask = mb.loss_mask.to(device=device, dtype=logp.dtype)         # [n, T]
     advantages = mb.advantages.to(device).unsqueeze(1)              # [n, 1]
@@ -215,31 +218,17 @@ def optimizer_step(
         world_size=parallel.size, token_mean_tokens=batch.token_mean_tokens,
     )
     # 2. forward + backward per micro-batch; a process with fewer (or none) still joins each reduction
+    #    (train.sequence_parallel: the processes of a split run each one's micro-batches together)
     t0 = time.perf_counter()
-    totals = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=parallel.device)  # [8] STAT_KEYS
-    # [2] low_min, -high_max: the least of each (idle rows: advantage 0, no clipped token: share 0)
-    least = torch.tensor([0.0 if batch.idle_sequences else math.inf, math.inf], dtype=torch.float64,
-                         device=parallel.device)
-    flip = torch.tensor([1.0, -1.0], dtype=torch.float64, device=parallel.device)  # (low_min, high_max) -> least
-    passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
-    failed: OutOfMemory | None = None  # a pass past the memory budget: the rest idle, then the step is redone
-    for k, mb in enumerate(passes):
-        last = k == len(passes) - 1
-        with parallel.accumulating(model, last):  # DDP: reduce at the last; DeepSpeed: step after it
-            if mb is not None and failed is None:
-                try:
-                    stats = _training_pass(parallel, model, mb, frozen.of(k), s, norm, forward, offload, budget)
-                except Exception as exc:  # noqa: BLE001 - only an out-of-memory is kept; the rest raise
-                    if not is_out_of_memory(exc):
-                        raise
-                    failed = _out_of_memory(exc, "training", mb)  # the exception (and its frames) go here
-                else:
-                    totals += stats[: len(STAT_KEYS)]
-                    least = torch.minimum(least, stats[len(STAT_KEYS):] * flip)
-                    continue
-            if failed is not None and parallel.size == 1:
-                break
-            parallel.backward(parallel.idle_loss(model))  # scaled by the processes: their gradients are averaged
+    sums = Sums(parallel.device, idle=batch.idle_sequences > 0)
+    if parallel.split is not None:
+        from grpocli.trainer.split_passes import split_training_passes
+
+        split_training_passes(parallel, model, batch, frozen, s, norm, offload, sums)
+        failed = None
+    else:
+        failed = _training_passes(parallel, model, batch, frozen, s, norm, forward, offload, budget, sums)
+    totals, least = sums.totals, sums.least
     if failed is not None if parallel.size == 1 else parallel.any_process(failed is not None):
         optimizer.zero_grad(set_to_none=True)  # the step starts again from its saved start: no update was made
         raise failed or OutOfMemory("training")
@@ -256,6 +245,46 @@ def optimizer_step(
                 "clip_high_max": -neg_high_max if math.isfinite(neg_high_max) else math.nan}
     return {**dict(zip(STAT_KEYS, summed)), **extremes, "grad_norm": grad_norm, "skipped": float(skipped),
             **packing, **timings}
+
+
+class Sums:
+    """A step's figures over its micro-batches: STAT_KEYS summed, EXTREME_KEYS' least low and largest high."""
+
+    def __init__(self, device: torch.device, idle: bool) -> None:
+        self.totals = torch.zeros(len(STAT_KEYS), dtype=torch.float64, device=device)  # [8] STAT_KEYS
+        # [2] low_min, -high_max: the least of each (idle rows: advantage 0, no clipped token: share 0)
+        self.least = torch.tensor([0.0 if idle else math.inf, math.inf], dtype=torch.float64, device=device)
+        self.flip = torch.tensor([1.0, -1.0], dtype=torch.float64, device=device)  # (low_min, high_max) -> least
+
+    def add(self, stats: torch.Tensor) -> None:
+        """One micro-batch's `[10]` figures (micro_batch_loss)."""
+        self.totals += stats[: len(STAT_KEYS)]
+        self.least = torch.minimum(self.least, stats[len(STAT_KEYS):] * self.flip)
+
+
+def _training_passes(parallel: Parallel, model: Any, batch: OptimizerBatch, frozen: Frozen, s: LossSettings,
+                     norm: LossNorm, forward: Forward, offload: ActivationOffloading | None,
+                     budget: MemoryBudget | None, sums: Sums) -> OutOfMemory | None:
+    """Forward and backward of each micro-batch into `sums`; the first pass out of memory (the rest idle)."""
+    passes = parallel.backward_passes(list(batch.micro_batches))  # [None: an idle pass]
+    failed: OutOfMemory | None = None  # a pass past the memory budget: the rest idle, then the step is redone
+    for k, mb in enumerate(passes):
+        last = k == len(passes) - 1
+        with parallel.accumulating(model, last):  # DDP: reduce at the last; DeepSpeed: step after it
+            if mb is not None and failed is None:
+                try:
+                    stats = _training_pass(parallel, model, mb, frozen.of(k), s, norm, forward, offload, budget)
+                except Exception as exc:  # noqa: BLE001 - only an out-of-memory is kept; the rest raise
+                    if not is_out_of_memory(exc):
+                        raise
+                    failed = _out_of_memory(exc, "training", mb)  # the exception (and its frames) go here
+                else:
+                    sums.add(stats)
+                    continue
+            if failed is not None and parallel.size == 1:
+                break
+            parallel.backward(parallel.idle_loss(model))  # scaled by the processes: their gradients are averaged
+    return failed
 
 
 def _training_pass(parallel: Parallel, model: Any, mb: MicroBatch, frozen: tuple[torch.Tensor | None, ...],
@@ -317,17 +346,25 @@ def packing_stats(counts: dict[str, float]) -> dict[str, float]:
 @torch.no_grad()
 def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBatch, ...],
                     temperature: float, chunks: tuple[MicroBatch, ...] | None = None,
-                    budget: MemoryBudget | None = None) -> tuple[torch.Tensor, ...]:
+                    budget: MemoryBudget | None = None,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[torch.Tensor, ...]:
     """The log-probs `[n, T]` of each micro-batch under `model` (the policy before it moves, or the
     reference), on its device; where each forward is a collective, idle passes keep the processes in step.
     `chunks` (grpocli.trainer.batching.logprob_chunks): the passes to run instead of the micro-batches
     (train.logprob_micro_batch_size), their log-probs put back into the micro-batches' shapes."""
     out, failed = [], None
+    passes = list(micro_batches if chunks is None else chunks)
+    if parallel.split is not None:  # train.sequence_parallel: the split runs each one's passes together
+        from grpocli.trainer.split_passes import split_logprob_passes
+
+        with parallel.autocast():
+            out = split_logprob_passes(parallel, model, passes, temperature, chunk_tokens)
+        return tuple(out) if chunks is None else regroup(tuple(out), chunks, micro_batches)
     with parallel.autocast():  # the policy's mixed precision (a reference's forward has none of its own)
-        for mb in parallel.forward_passes(list(micro_batches if chunks is None else chunks)):
+        for mb in parallel.forward_passes(passes):
             if mb is not None and failed is None:
                 try:
-                    out.append(_logprob_pass(model, mb, temperature, budget))
+                    out.append(_logprob_pass(model, mb, temperature, budget, chunk_tokens))
                 except Exception as exc:  # noqa: BLE001 - only an out-of-memory is kept; the rest raise
                     if not is_out_of_memory(exc):
                         raise
@@ -342,10 +379,11 @@ def frozen_logprobs(parallel: Parallel, model: Any, micro_batches: tuple[MicroBa
     return tuple(out) if chunks is None else regroup(tuple(out), chunks, micro_batches)
 
 
-def _logprob_pass(model: Any, mb: MicroBatch, temperature: float, budget: MemoryBudget | None) -> torch.Tensor:
+def _logprob_pass(model: Any, mb: MicroBatch, temperature: float, budget: MemoryBudget | None,
+                  chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     if budget is not None:
         budget.start()
-    logp, _ = sequence_logprobs(model, mb, temperature)
+    logp, _ = sequence_logprobs(model, mb, temperature, chunk_tokens=chunk_tokens)
     if budget is not None:
         budget.check("log-prob", mb.num_sequences, _longest(mb))
     return logp.detach()  # on the model's device: the loss reads it there
