@@ -63,12 +63,14 @@ def launch(resolved: Resolved, overrides: list[str], train: Callable[[Resolved],
     if _inside_launch():  # one of several: dies with its launcher, says its errors once
         with worker(), _main_process_lock(resolved):
             resolved = settle_mixed_precision(resolved, accelerate_request())
+            _check_split(resolved, _world_size())
             train(_adopt_world_size(resolved, _world_size()))
         return
     with _lock(resolved):  # before anything reads or writes the run
         request = accelerate_request()
         resolved = settle_mixed_precision(resolved, request)
         n = _processes_to_start(resolved, overrides, request)
+        _check_split(resolved, n)
         if n == 1:
             train(resolved)
             return
@@ -215,6 +217,21 @@ def _check_prompts_divide(resolved: Resolved, n: int, where: str) -> None:
             valid=f"prompts_per_step: multiples of {n}",
             hint=f"train.prompts_per_step={per_step + n - per_step % n}, or launch a number of "
             f"processes that divides {per_step}",
+        )
+
+
+def _check_split(resolved: Resolved, n: int) -> None:
+    """train.sequence_parallel divides the processes, before any model loads."""
+    size = resolved.recipe.train.sequence_parallel
+    if n % size:
+        fits = [k for k in range(1, n + 1) if n % k == 0]
+        raise UserError(
+            f"train.sequence_parallel = {size} does not divide the {n} training process(es): each split of a "
+            "sequence is that many processes",
+            where="train.sequence_parallel",
+            valid=f"with {n} process(es): {', '.join(map(str, fits))}",
+            hint=f"train.num_processes={size * max(1, n // size)} train.sequence_parallel={size}, or "
+            f"train.sequence_parallel=1",
         )
 
 

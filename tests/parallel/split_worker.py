@@ -2,7 +2,7 @@
 processes (accelerate, DDP), with and without train.sequence_parallel, for each layout; writes what
 every process measured as JSON.
 
-    python split_worker.py OUT.json WORLD SPLIT[,SPLIT...] [FAMILY] [ATTENTION]
+    python split_worker.py OUT WORLD SPLIT[,SPLIT...] LAYOUT[,LAYOUT...] [FAMILY:ATTENTION,...]
 
 Each process has its own micro-batches (its own prompts, groups of 3 completions of different
 lengths). For each layout (packed, shared prompts, padded) and split size, from the same weights:
@@ -23,11 +23,11 @@ import torch.multiprocessing as mp
 VOCAB = 97
 
 
-def _model(family: str, attention: str):
+def _model(family: str, attention: str, kv: str = "4"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(family, vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=int(kv), head_dim=8,
                                   max_position_embeddings=512, tie_word_embeddings=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -50,7 +50,8 @@ def _micro_batches(rank: int, layout):
                                     layout=layout))
 
 
-def _run(rank: int, world: int, port: int, splits: list[int], family: str, attention: str, out: str) -> None:
+def _run(rank: int, world: int, port: int, splits: list[int], layouts: list[str], models: list[str],
+         out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -77,11 +78,11 @@ def _run(rank: int, world: int, port: int, splits: list[int], family: str, atten
     ulysses.exchange = counted
     results = {}
     groups = {n: SequenceSplit(n, rank, world) for n in splits}  # every process creates every group, in order
-    for name, layout in (("packed", Layout("packed")), ("shared", Layout("shared")), ("padded", Layout("padded"))):
-        mbs = _micro_batches(rank, layout)
+    for name, model_spec in ((x, m) for m in models for x in layouts):  # family:attention[:kv heads]
+        mbs = _micro_batches(rank, Layout(name))
         for n in (1, *splits):
             p = Parallel(acc)
-            model = _model(family, attention)
+            model = _model(*model_spec.split(":"))
             if n > 1:
                 p.split = groups[n]
                 p.split_models(model)
@@ -95,7 +96,7 @@ def _run(rank: int, world: int, port: int, splits: list[int], family: str, atten
             stats = optimizer_step(p, model, opt, OptimizerBatch(mbs), Frozen(old_logp=shifted, ref_logp=reference),
                                    settings, max_grad_norm=0.0)
             grads = torch.cat([(b - a.detach()).flatten() for b, a in zip(before, p.unwrap(model).parameters())])
-            results[f"{name}/{n}"] = {"logp": [x.flatten().tolist() for x in old], "loss": stats["loss"],
+            results[f"{model_spec}/{name}/{n}"] = {"logp": [x.flatten().tolist() for x in old], "loss": stats["loss"],
                                       "grad_norm": stats["grad_norm"], "grad": grads.tolist(),
                                       "tokens": stats["tokens"], "clip": stats["clip_region"], "kl": stats["kl"],
                                       "exchanges": exchanged[0]}
@@ -107,12 +108,12 @@ def _run(rank: int, world: int, port: int, splits: list[int], family: str, atten
 
 def main() -> None:
     out, world, splits = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3].split(",")]
-    family = sys.argv[4] if len(sys.argv) > 4 else "qwen2"
-    attention = sys.argv[5] if len(sys.argv) > 5 else "sdpa"
+    layouts = sys.argv[4].split(",")
+    models = sys.argv[5].split(",") if len(sys.argv) > 5 else ["qwen2:sdpa"]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_run, args=(world, port, splits, family, attention, out), nprocs=world, join=True)
+    mp.spawn(_run, args=(world, port, splits, layouts, models, out), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,15 @@ def test_fsdp2_checkpoint_is_whole_and_resume_is_exact(runs):
 
 
 @pytest.mark.slow
+def test_fsdp2_with_a_sequence_split_matches_fsdp2(runs):
+    """train.sequence_parallel = 2 under FSDP2: every pass of the split is a collective of both processes
+    (grpocli.trainer.split_passes), and the step is the unsplit one's."""
+    split = _train(runs["root"] / "split", "train.sharding=fsdp2", "train.sequence_parallel=2")
+    _assert_close(split, runs["fsdp2"])
+    assert "sequence_parallel = 2" in (runs["root"] / "split" / "config.resolved.toml").read_text()
+
+
+@pytest.mark.slow
 def test_weight_sync_gathers_one_tensor_at_a_time():
     """Neither a colocated sync (every process walks the weights) nor a server sync (the main one
     sends buckets) holds a second whole copy: peak RSS growth stays below the model's size."""
