@@ -8,6 +8,10 @@ the peak memory so far. Phase seconds are the ones the step writes to metrics.js
 rest of the step's wall time (advantages, batching, metrics, rollouts files). Evaluation and
 checkpoints are kept out of the steps (`Loop(steps_only=True)`) and, unless asked not to, measured
 once each afterwards.
+
+Under several processes (grpocli.benchmark.processes) every process runs this; the step records are
+each process's own (its share of the batch, its phase seconds), and after the steps every process's
+peak memory and token counts are gathered (one gather_object) into `Measurement.processes`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,16 @@ class MeasuredStep:
     overlapped: bool = False        # generated beside training (async_steps, pipeline "inflight")
 
 
+@dataclass(frozen=True)
+class ProcessFigures:
+    """One process's share of a multi-process bench, gathered after the steps."""
+
+    rank: int
+    peak_memory: int                      # bytes, after the steps (as MeasuredStep.peak_memory)
+    trained_tokens: dict[int, int]        # step -> tokens of its groups that entered the loss
+    completion_tokens: dict[int, float]   # step -> tokens it generated (the step's share of the cycle's)
+
+
 @dataclass
 class Measurement:
     steps: list[MeasuredStep]
@@ -61,6 +75,8 @@ class Measurement:
     backend: str = ""
     notes: list[str] = field(default_factory=list)
     sync_bytes: float | None = None     # the last weight sync's bytes (None: the backend does not say)
+    processes: list[ProcessFigures] = field(default_factory=list)  # [N] rank order; empty: one process
+    sequence_parallel: int = 1          # train.sequence_parallel the processes ran with
 
 
 def measured_step(record: StepRecord, shape: ModelShape, *, lora: bool, peak: int) -> MeasuredStep:
@@ -96,9 +112,17 @@ class StepMeter:
     def __init__(self, shape: ModelShape, policy: Any, *, lora: bool) -> None:
         self.shape, self.policy, self.lora = shape, policy, lora
         self.steps: list[MeasuredStep] = []
+        self.generated: dict[int, float] = {}  # step -> this process's own generated tokens (its share)
 
     def on_step(self, record: StepRecord) -> None:
         self.steps.append(measured_step(record, self.shape, lora=self.lora, peak=peak_memory(self.policy)[0]))
+        self.generated[record.step] = sum(record.generated.completions) / record.cycle_steps
+
+    def figures(self, rank: int) -> ProcessFigures:
+        """This process's figures, to gather."""
+        return ProcessFigures(rank=rank, peak_memory=peak_memory(self.policy)[0],
+                              trained_tokens={r.step: r.trained_tokens for r in self.steps},
+                              completion_tokens=dict(self.generated))
 
 
 def peak_memory(model: Any) -> tuple[int, str]:
@@ -152,13 +176,16 @@ def measure(resolved: Resolved, *, started: float, extras: bool = True, forced: 
         loop = Loop(s, observer=meter, steps_only=True)
         startup = time.perf_counter() - started
         loop.run()
+        # every process's peak and tokens (one gather; all processes are here, the steps done)
+        processes = s.parallel.gather_rows([meter.figures(s.parallel.rank)]) if s.parallel.size > 1 else []
         p = next(policy.parameters())
         m = Measurement(steps=meter.steps, startup_s=startup, shape=shape,
                         parameters=sum(x.numel() for x in policy.parameters()),
                         dtype=str(p.dtype).removeprefix("torch."), device=str(p.device),
                         memory_kind=peak_memory(policy)[1],
                         backend=type(s.backend).__name__,
-                        sync_bytes=(getattr(s.backend, "last_sync", None) or {}).get("bytes"))
+                        sync_bytes=(getattr(s.backend, "last_sync", None) or {}).get("bytes"),
+                        processes=processes, sequence_parallel=r.train.sequence_parallel)
         if extras and loop.evaluation is not None:
             t0 = time.perf_counter()
             loop.evaluation.run(s.state.step)

@@ -21,24 +21,37 @@ def figures(recipe: str, m: Measurement, peak: Peak, fc: Forecast) -> dict[str, 
     step_s = sum(r.seconds for r in rows) / n
     flops = {k: sum(r.flops[k] for r in rows) / n for k in ("generation", "logprobs", "training")}
     total_flops = sum(flops.values())
-    tokens = {
+    own = sum(r.trained_tokens for r in rows) / n  # this process's (rank 0's)
+    every = [p.trained_tokens for p in m.processes]  # several processes: each one's, by step
+    trained = sum(sum(t.get(r.step, 0) for t in every) for r in rows) / n if every else own
+    tokens = {  # over every process (generation's count already is)
         "generation": sum(r.completion_tokens for r in rows) / n,
-        "logprobs": sum(r.trained_tokens for r in rows) / n if flops["logprobs"] else 0.0,
-        "training": sum(r.trained_tokens for r in rows) / n,
+        "logprobs": trained if flops["logprobs"] else 0.0,
+        "training": trained,
     }
+    generated = (sum(m.processes[0].completion_tokens.get(r.step, 0.0) for r in rows) / n if m.processes
+                 else tokens["generation"])
+    per_process = {"generation": generated, "logprobs": own if flops["logprobs"] else 0.0, "training": own}
     achieved = total_flops / step_s if step_s else 0.0
+    peaks = [p.peak_memory for p in m.processes] or [max(r.peak_memory for r in m.steps)]
+
+    def rates(counts: dict[str, float]) -> dict[str, float]:
+        return {k: (counts[k] / seconds[k] if seconds[k] else 0.0) for k in counts}
+
     return {
         "recipe": recipe, "steps_run": len(m.steps), "steps_measured": n, "parameters": m.parameters,
         "dtype": m.dtype, "device": m.device, "backend": m.backend, "startup_s": m.startup_s,
+        "processes": max(len(m.processes), 1), "sequence_parallel": m.sequence_parallel,
         "s_per_step": step_s, "phases_s": seconds,
-        "tokens_per_s": {k: (tokens[k] / seconds[k] if seconds[k] else 0.0) for k in tokens},
+        "tokens_per_s": rates(tokens),
+        "tokens_per_s_per_process": rates(per_process),
         "completion_tokens_per_s": tokens["generation"] / step_s if step_s else 0.0,
         "mean_completion_length": sum(r.mean_completion for r in rows) / n,
         "flops_per_step": total_flops, "flops_per_step_by_phase": flops,
         "achieved_flops_per_s": achieved, "peak_flops_per_s": peak.flops_per_s,
         "peak_device": peak.device, "peak_dtype": peak.dtype, "mfu": achieved / peak.flops_per_s,
-        "peak_memory_bytes": max(r.peak_memory for r in m.steps), "peak_memory_kind": m.memory_kind,
-        "peak_memory_by_step": [r.peak_memory for r in m.steps],
+        "peak_memory_bytes": max(peaks), "peak_memory_kind": m.memory_kind,
+        "peak_memory_by_step": [r.peak_memory for r in m.steps], "peak_memory_by_process": peaks,
         "weight_sync_bytes": m.sync_bytes,
         "idle_share": {"trainer": sum(r.trainer_idle for r in rows) / n / step_s if step_s else 0.0,
                        "engine": sum(r.engine_idle for r in rows) / n / step_s if step_s else 0.0},
@@ -60,11 +73,18 @@ def _clock(seconds: float) -> str:
     return (f"{h}:" if h else "") + f"{rest // 60:02d}:{rest % 60:02d}"
 
 
+def processes_text(f: dict[str, Any]) -> str:
+    """"2 processes, sequence_parallel 2"; "one process"."""
+    n = f.get("processes", 1)
+    return "one process" if n == 1 else f"{n} processes, sequence_parallel {f.get('sequence_parallel', 1)}"
+
+
 def text(f: dict[str, Any]) -> str:
     fc = f["forecast"]
+    several = f.get("processes", 1) > 1
     lines = [
         f"grpo bench {f['recipe']}: {f['steps_run']} steps, step 1 warm-up, figures are means of the "
-        f"{f['steps_measured']} after it",
+        f"{f['steps_measured']} after it" + (f"; {processes_text(f)}" if several else ""),
         f"model {f['parameters'] / 1e6:.1f}M parameters, {f['dtype']} on {f['device']}; generation {f['backend']}; "
         f"start-up {f['startup_s']:.1f} s",
         "",
@@ -81,6 +101,9 @@ def text(f: dict[str, Any]) -> str:
         f"{_si(f['flops_per_step']) + 'FLOP':>14s}",
         "  (tokens/s: generation counts completion tokens; log-prob passes and training count the trained "
         "groups' tokens, prompt once per group)",
+        *([f"  (tokens/s over all {f['processes']} processes; rank 0's own: "
+           + ", ".join(f"{LABELS[k]} {v:.1f}" for k, v in f["tokens_per_s_per_process"].items() if v)
+           + "; FLOPs and MFU are rank 0's)"] if several else []),
         f"idle: the trainer waited for generation {f['idle_share']['trainer']:.1%} of a step, the generation "
         f"engine had nothing to generate {f['idle_share']['engine']:.1%}",
         *([f"weight sync: {f['phases_s']['weight_sync']:.3f} s and {f['weight_sync_bytes'] / 1e6:.2f} MB a sync"]
@@ -88,7 +111,10 @@ def text(f: dict[str, Any]) -> str:
         "",
         f"achieved {_si(f['achieved_flops_per_s'])}FLOP/s; measured matmul peak {_si(f['peak_flops_per_s'])}FLOP/s "
         f"({f['peak_device']}, {f['peak_dtype']}); MFU {f['mfu']:.1%}",
-        f"peak memory {f['peak_memory_bytes'] / 2**30:.2f} GiB ({f['peak_memory_kind']}); after each step: "
+        f"peak memory {f['peak_memory_bytes'] / 2**30:.2f} GiB ({f['peak_memory_kind']}"
+        + ("; the largest of the processes: " + ", ".join(f"{b / 2**30:.2f}" for b in f["peak_memory_by_process"])
+           + " GiB" if several else "")
+        + f"); {'rank 0 ' if several else ''}after each step: "
         + ", ".join(f"{b / 2**30:.2f}" for b in f["peak_memory_by_step"]) + " GiB",
         "",
         f"forecast for train.steps = {fc['steps']}: {_clock(fc['total_s'])} "

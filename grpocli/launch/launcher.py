@@ -230,8 +230,8 @@ def _check_split(resolved: Resolved, n: int) -> None:
             "sequence is that many processes",
             where="train.sequence_parallel",
             valid=f"with {n} process(es): {', '.join(map(str, fits))}",
-            hint=f"train.num_processes={size * max(1, n // size)} train.sequence_parallel={size}, or "
-            f"train.sequence_parallel=1",
+            hint=f"train.sequence_parallel={max(k for k in fits if k <= size)} on {n} process(es), or "
+            f"train.num_processes={size * -(-n // size)} for a split of {size}",
         )
 
 
@@ -248,14 +248,16 @@ def _check_run_dir(resolved: Resolved) -> None:
         check_resume(resolved, found[1], run.config)
 
 
-def launch_command(resolved: Resolved, overrides: list[str], n: int) -> list[str]:
+def launch_command(resolved: Resolved, overrides: list[str], n: int,
+                   command: list[str] | None = None) -> list[str]:
     """`python -m grpocli.launch.processes --multi_gpu --num_processes n ... -m grpocli.cli.app train ...`:
-    accelerate launch's arguments, run by grpo's launcher (grpocli.launch.processes)."""
+    accelerate launch's arguments, run by grpo's launcher (grpocli.launch.processes); `command`: the grpo
+    command each process runs instead of `train RECIPE OVERRIDES` (`grpo bench` on several processes)."""
     cmd = [sys.executable, "-m", LAUNCHER, "--multi_gpu", "--num_processes", str(n),
            "--num_machines", "1", "--mixed_precision", resolved.recipe.train.mixed_precision,
            "--dynamo_backend", "no", "--main_process_port", str(_free_port())]
     recipe = str(resolved.path) if resolved.path else None
-    return cmd + ["-m", "grpocli.cli.app", "train", *([recipe] if recipe else []), *overrides]
+    return cmd + ["-m", "grpocli.cli.app", *(command or ["train", *([recipe] if recipe else []), *overrides])]
 
 
 def _accelerate_launch(resolved: Resolved, overrides: list[str], n: int) -> int:

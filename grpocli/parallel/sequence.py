@@ -65,11 +65,16 @@ def shard_rows(rows: Rows, size: int, rank: int) -> Shard:
 
 def whole_mask(rows: Rows, size: int, model: Any, device: torch.device) -> torch.Tensor | None:
     """The mask of the whole (padded) row for attention over every token: `[r, 1, W', W']`, bool
-    for sdpa, additive for eager; None under flash-attention (`varlen` says where sequences start)."""
+    for sdpa, additive for eager; None where causal attention is the mask (sdpa: right-padded rows, a
+    row of one sequence) and under flash-attention (`varlen` says where sequences start)."""
     r, w = rows.input_ids.shape
     width = -(-w // size) * size
-    if "flash" in (attention_implementation(model) or ""):
+    attention = attention_implementation(model) or ""
+    if "flash" in attention:
         return None
+    one_causal = rows.attention_mask is not None or (rows.tree is None and int((rows.position_ids[0] == 0).sum()) == 1)
+    if one_causal and attention == "sdpa":  # right-padded rows, one packed sequence: causal attention needs no
+        return None                         # mask (a real token never sees a later pad); sdpa runs is_causal
     pad = width - w
     if rows.tree is not None:  # shared prompts: the tree mask, each pad token a segment of its own
         segment = torch.cat([rows.tree[0], -2 - torch.arange(pad)]).to(device)

@@ -5,7 +5,8 @@ ALST/Arctic's `UlyssesSPAttentionHF`: every layer but attention works token by t
 processes of a split each run it on their 1/N of the row. Around attention, one all-to-all turns
 `q, k, v [B, H, W/N, D]` (all heads, a slice of the tokens) into `[B, H/N, W, D]` (1/N of the
 heads, every token); the model's own attention function runs on that, under the whole row's mask;
-a second all-to-all turns its output back. Both are differentiable (their backward is the
+a second all-to-all turns its output back: two per layer forward, two backward (and the forward's
+again where gradient checkpointing recomputes a layer). Both are differentiable (their backward is the
 opposite exchange), so gradient checkpointing's recomputation exchanges again, in the same order
 on every process.
 
@@ -69,9 +70,15 @@ def exchange(x: torch.Tensor, group: Any, size: int, scatter: int, gather: int) 
     return torch.cat(received.unbind(0), dim=gather)
 
 
-def heads_to_tokens(x: torch.Tensor, split: SplitAttention) -> torch.Tensor:
-    """`[B, H, W/N, D]` (this process's tokens, every head) -> `[B, H/N, W, D]` (every token, its heads)."""
-    return _AllToAll.apply(x, split.group, split.size, 1, 2)
+def heads_to_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    split: SplitAttention) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q `[B, H, W/N, D]`, k and v `[B, Hkv, W/N, D]` (this process's tokens, every head) -> `[B, H/N, W, D]`
+    and `[B, Hkv/N, W, D]` (every token, its heads), in one all-to-all."""
+    n = split.size
+    parts = [x.unflatten(1, (n, x.shape[1] // n)) for x in (q, k, v)]      # [B, N, h, W/N, D] each
+    sizes = [x.shape[2] for x in parts]
+    joined = _AllToAll.apply(torch.cat(parts, dim=2), split.group, n, 1, 3)  # [B, 1, h_q+2h_kv, W, D]
+    return tuple(joined.squeeze(1).split(sizes, dim=1))                     # [B, h, W, D] each
 
 
 def tokens_to_heads(x: torch.Tensor, split: SplitAttention) -> torch.Tensor:
@@ -97,7 +104,7 @@ def _wrapper(inner: str) -> Any:
         if sequence_split is None:  # generation, evaluation: the model's own attention
             return fn(module, query, key, value, attention_mask, *args, **kwargs)
         split = sequence_split
-        q, k, v = (heads_to_tokens(t, split) for t in (query, key, value))  # [B, H/N, W, D] each
+        q, k, v = heads_to_tokens(query, key, value, split)  # [B, H/N, W, D], k and v [B, Hkv/N, W, D]
         for name in ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
             kwargs.pop(name, None)  # this slice's; the whole row's come from the split
         out, _ = fn(module, q, k, v, split.mask, *args, **{**kwargs, **split.varlen})  # [B, W, H/N, D]

@@ -5,7 +5,9 @@
     refill.py          one more round for groups that failed rewards left with < 2 scored samples
     observer.py        StepObserver and StepRecord: what the loop tells an observer (grpo bench) of each step
     batching.py        micro-batches of the sequences that enter the loss
-    step.py            one optimizer step: the named loss, KL, aggregation, backward, update
+    step.py            one optimizer step: every micro-batch's loss, backward, clip, update; the frozen passes
+    loss.py            one micro-batch's loss: the named objective, KL, distillation, aggregation, its figures
+    split_passes.py    train.sequence_parallel: a split's processes run each one's micro-batches together
     mismatch.py        engine log-probs into the loss: importance weights and their metrics
     offloading.py      activation offloading: saved tensors in host memory
     memory_budget.py   train.memory_limit: what a pass may take (a CPU's resident set, a GPU's allocations)
@@ -20,7 +22,8 @@
     rollback.py        a guard rollback: back to a checkpoint as a resume would, the undone steps kept aside
     session.py         `Session`: everything the loop needs, opened in an order that fails early
     teacher.py         [distill]'s teacher: loaded or connected to, its vocabulary checked against the student's
-    preflight.py       checks that need no model (names, rewards, tools), before any loads
+    preflight.py       checks that need no model (names, rewards, tools, positions), before any loads
+    positions.py       the longest sequence a model's positions hold, from its config; prompt + completion checked
     source_checks.py   [[data.sources]] checked before any model loads, each source named
     signals.py         SIGTERM and SIGINT: stop cleanly and say what was kept
 """

@@ -1,7 +1,8 @@
 """Checks that need no model: every name in the recipe resolves to a registered plugin entry,
-the training split loads, and every callable the recipe uses (rewards, dataset loader,
+the training split loads, every callable the recipe uses (rewards, dataset loader,
 curriculum, tools, environment) fits its contract in grpocli.registry.hookspecs, so that grpo
-can call it with what it will pass (grpocli.registry.contracts)."""
+can call it with what it will pass (grpocli.registry.contracts), and the longest sequence fits
+the model's positions (read from its config, no weights loaded)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from grpocli.algorithms.variants import (
 from grpocli.errors import UserError
 from grpocli.generation.base import paged_on_sharded_policy
 from grpocli.recipe import Recipe
+from grpocli.trainer.positions import check_positions
 
 if TYPE_CHECKING:
     from grpocli.multiturn.toolbox import Toolbox
@@ -52,6 +54,7 @@ def preflight(recipe: Recipe) -> Checked:
 
     _check_combinations(recipe)
     check_model(recipe.model)  # a GGUF file, folder or packaged model that cannot load, named now
+    check_positions(recipe)  # prompt + completion longer than the model's positions, from its config alone
     plugins = load_plugins()
     reward_fns = resolve_rewards(recipe.rewards, plugins.rewards)  # names, and [[rewards]] args they take
     if not recipe.data.sources:

@@ -23,8 +23,8 @@ from grpocli.algorithms.losses import LossNorm
 from grpocli.parallel import Parallel
 from grpocli.parallel.strategy import idle_forward, padded
 from grpocli.trainer.batching import MicroBatch, OptimizerBatch
+from grpocli.trainer.loss import Frozen, LossSettings, Sums, micro_batch_loss
 from grpocli.trainer.offloading import ActivationOffloading
-from grpocli.trainer.step import Frozen, LossSettings, Sums, micro_batch_loss
 
 
 def split_plan(parallel: Parallel, items: list[Any]) -> list[tuple[int, int, Any]]:

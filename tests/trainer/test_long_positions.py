@@ -1,0 +1,107 @@
+"""A sequence longer than the model's positions (data.max_prompt_length + generation.max_completion_length
+past max_position_embeddings, or past what a rope_scaling factor stretches it to) is refused with exit 2
+before any model loads (grpocli.trainer.preflight.check_positions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_runner import grpo_in_process
+from tiny_runs import TINY_MODEL
+
+from grpocli.errors import UserError
+from grpocli.recipe import load_recipe
+from grpocli.trainer.positions import check_positions, config_positions, model_positions
+
+#: Qwen2.5-7B-Instruct's config.json, the keys that matter here (its public config: 32K positions).
+QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "max_position_embeddings": 32768,
+             "rope_theta": 1000000.0, "hidden_size": 3584, "num_hidden_layers": 28}
+#: What Qwen2.5's model cards add to config.json for 128K: YaRN, factor 4 over the 32K it was trained on.
+QWEN25_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+
+
+def test_train_refuses_a_sequence_past_the_tiny_models_positions_before_it_loads(tmp_path, monkeypatch, capsys):
+    loaded = []
+    monkeypatch.setattr("grpocli.models.tiny.build_tiny_model", lambda *a, **k: loaded.append("policy"))
+    monkeypatch.setattr("grpocli.models.loader._load_base", lambda *a, **k: loaded.append("base"))
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    run = tmp_path / "run"
+    code, out = grpo_in_process(monkeypatch, capsys, "train", "quickstart", *TINY_MODEL, "log.progress=none",
+                                "model.tiny.max_position_embeddings=64", "data.max_prompt_length=48",
+                                "generation.max_completion_length=24", f"train.output_dir={run}")
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert out.count("error: ") == 1, out
+    assert ("error: data.max_prompt_length + generation.max_completion_length: the engine's context and the "
+            "longest training sequence (48 + 24 = 72 tokens) are longer than the model's positions: "
+            "model.tiny.max_position_embeddings = 64") in out, out
+    assert "valid: data.max_prompt_length + generation.max_completion_length at most 64" in out, out
+    assert "next: set generation.max_completion_length=16 or data.max_prompt_length=40, or " \
+           "model.tiny.max_position_embeddings=72" in out, out
+    assert loaded == []  # no model was built or loaded
+    assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
+
+
+def _recipe(*overrides: str):
+    return load_recipe("quickstart", list(overrides)).recipe
+
+
+def _model_dir(tmp_path, config: dict) -> str:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_a_config_json_gives_the_positions_and_yarn_rope_scaling_stretches_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    plain = _model_dir(tmp_path, QWEN25_7B)
+    check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=32256"))  # 32768
+    with pytest.raises(UserError) as refused:
+        check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=32768"))
+    text = str(refused.value)
+    assert refused.value.where == "data.max_prompt_length + generation.max_completion_length"
+    assert "(512 + 32768 = 33280 tokens)" in text and "says max_position_embeddings = 32768" in text, text
+    assert "generation.max_completion_length=32256" in text, text
+    assert '"rope_scaling": {"type": "yarn", "factor": 2, "original_max_position_embeddings": 32768}' in text, text
+
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**QWEN25_7B, "rope_scaling": QWEN25_YARN}))
+    positions = model_positions(_recipe(f"model.name_or_path={plain!r}").model)
+    assert positions is not None and (positions.length, positions.unstretched) == (131072, 32768)
+    assert "stretched by rope_scaling (yarn, factor 4) from 32768 to 131072" in positions.said
+    check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=32768"))  # fits now
+    with pytest.raises(UserError, match="from 32768 to 131072"):
+        check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=131072"))
+
+
+@pytest.mark.parametrize(("config", "length"), [
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 8192),
+    ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "dynamic", "factor": 4.0,
+                                                           "rope_theta": 1e4}}, 16384),  # transformers 5's key
+    ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                          "original_max_position_embeddings": 8192}}, 131072),
+    ({"max_position_embeddings": 163840, "rope_scaling": {"type": "yarn", "factor": 40,
+                                                          "original_max_position_embeddings": 4096}}, 163840),
+    ({"max_position_embeddings": 32768, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 32768),
+    ({"n_positions": 1024, "n_embd": 768}, 1024),  # GPT-2: learned positions
+    ({"text_config": {"max_position_embeddings": 8192, "seq_length": 4096}}, 4096),  # the smallest wins, as vLLM
+], ids=["linear", "dynamic-rope_parameters", "llama3-already-stretched", "yarn-already-stretched", "default",
+        "n_positions", "text_config"])
+def test_config_positions(config, length):
+    assert config_positions(config, source="config.json").length == length
+
+
+def test_unknown_positions_are_not_checked_and_evaluation_length_counts(tmp_path, monkeypatch):
+    assert config_positions({"hidden_size": 8}, source="config.json") is None
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert model_positions(_recipe(f"model.name_or_path={str(gguf)!r}").model) is None  # GGUF: read at load only
+    check_positions(_recipe(f"model.name_or_path={str(gguf)!r}", "generation.max_completion_length=131072"))
+
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(UserError) as refused:
+        check_positions(_recipe("eval.every=5", "eval.max_tokens=600"))  # 512 + 600 past the tiny 1024
+    assert refused.value.where == "data.max_prompt_length + eval.max_tokens"
+    check_positions(_recipe("eval.max_tokens=600"))  # no periodic evaluation: `grpo train` never generates 600
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    check_positions(_recipe("eval.every=5", "eval.max_tokens=600"))  # allowed, as vLLM allows it
