@@ -168,6 +168,26 @@ def _check_reward_signatures(reward_fns: list[RewardFn], recipe: Recipe, plugins
         check_reward_signature(i, reward, rf.args, sorted(columns))
 
 
+def _check_split_combinations(recipe: Recipe) -> None:
+    """What a sequence split (train.sequence_parallel > 1) does not run with, named with what does."""
+    n = recipe.train.sequence_parallel
+    if recipe.generation.backend == "paged":
+        raise UserError(
+            f"generation.backend = \"paged\" with train.sequence_parallel = {n}: transformers' continuous batching "
+            "takes only its own attention implementations, and the split routes the policy's attention through "
+            "Ulysses' exchange", where="generation.backend",
+            valid="\"hf\", \"vllm\" or \"vllm-server\" with a sequence split",
+            hint="generation.backend=vllm (or hf), or train.sequence_parallel=1")
+    if recipe.train.memory_limit is not None:
+        raise UserError(
+            f"train.memory_limit with train.sequence_parallel = {n}: a pass past the limit is split and redone, "
+            "but under a sequence split the processes wait on each other in every layer, so one cannot redo a "
+            "pass alone", where="train.memory_limit",
+            valid="no train.memory_limit with a sequence split (size micro-batches with grpo plan)",
+            hint=f"drop train.memory_limit, or train.sequence_parallel=1; `grpo plan RECIPE train.sequence_parallel={n}` "
+            "says what fits")
+
+
 def _check_combinations(recipe: Recipe) -> None:
     """Options that each validate but do not work together."""
     from grpocli.generation.engine_sleep import check_sleep_mode
@@ -185,6 +205,8 @@ def _check_combinations(recipe: Recipe) -> None:
         )
     if g.backend == "paged" and t.sharding == "fsdp2":
         raise paged_on_sharded_policy("FSDP2")
+    if t.sequence_parallel > 1:
+        _check_split_combinations(recipe)
     if g.async_steps and (recipe.algorithm.fill_batch or t.curriculum):
         raise UserError(
             "generation.async_steps > 0 cannot be combined with algorithm.fill_batch or train.curriculum "

@@ -154,3 +154,19 @@ def test_a_split_under_deepspeed_names_the_combination():
     zero.sharding = "zero3"  # what grpocli.parallel.deepspeed.DeepSpeed answers
     with pytest.raises(UserError, match="DeepSpeed ZERO3: grpo's Ulysses split runs under DDP and FSDP2 only"):
         open_split(zero, 2)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ("generation.backend=paged", "generation.backend = \"paged\" with train.sequence_parallel = 2"),
+    ("train.memory_limit=8GiB", "train.memory_limit with train.sequence_parallel = 2"),
+])
+def test_what_a_split_does_not_run_with_is_named_before_a_model_loads(extra, said):
+    from tiny_runs import FAST
+
+    from grpocli.recipe import load_recipe
+    from grpocli.trainer.preflight import preflight
+
+    recipe = load_recipe("quickstart", [*FAST, "train.num_processes=2", "train.sequence_parallel=2", extra]).recipe
+    with pytest.raises(UserError, match="with train.sequence_parallel = 2") as caught:
+        preflight(recipe)
+    assert said in str(caught.value)
