@@ -31,6 +31,11 @@ from grpocli.algorithms.logprobs import (
 from grpocli.algorithms.packing import Rows, attention_implementation, eager_mask, tree_mask
 from grpocli.parallel.ulysses import SplitAttention
 
+#: What the model is handed as its attention mask in a split pass: transformers passes a 4D mask to the
+#: attention functions as it is, instead of building one for the slice (from its positions: a packed
+#: slice's block mask) that the Ulysses wrapper would not use; the wrapper takes the whole row's.
+UNUSED_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -166,6 +171,7 @@ class SequenceSplit:
                                whole_varlen(rows, self.size, device))
         logits = model(
             input_ids=shard.input_ids.to(device), position_ids=shard.position_ids.to(device),
+            attention_mask=UNUSED_MASK.to(device),  # a 4D mask is passed as it is: no mask of the slice is built
             logits_to_keep=shard.keep.to(device), use_cache=False, sequence_split=split,
         ).logits                                                       # [r, k, V] this slice's scored positions
         labels = shard.labels.to(device)

@@ -4,8 +4,11 @@ does, and the knobs that would make it fit (each a `key=value` to paste, with wh
 Settings are read from the recipe as the trainer uses them: the micro-batch of the worst case
 (every prompt data.max_prompt_length tokens long, every completion generation.max_completion_length),
 laid out as grpocli.algorithms.packing lays it out (shared prompts under sdpa up to 4 x hidden
-tokens a row, padded rows beyond, packed rows with flash-attention); keys added by later versions
-(train.activation_offloading, vllm.sleep_mode, train.logprob_micro_batch_size) are read where present.
+tokens a row, padded rows beyond, packed rows with flash-attention), split over train.sequence_parallel
+processes (refused, as the trainer refuses it, where that does not divide the model's attention and
+key-value heads or the processes); keys added by later versions (train.activation_offloading,
+vllm.sleep_mode, train.logprob_micro_batch_size, train.logits_chunk_tokens, train.sequence_parallel)
+are read where present.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from grpocli.errors import UserError
 from grpocli.planning.autosize import auto_sizes
 from grpocli.planning.engine_cache import EngineCache, engine_cache
 from grpocli.planning.memory import Phase, Settings, phases
-from grpocli.planning.recipe_settings import largest_micro_batch, peak_of, settings_of
+from grpocli.planning.recipe_settings import largest_micro_batch, peak_of, sequence_parallel, settings_of
 from grpocli.planning.recipe_settings import with_changes as _with
 from grpocli.planning.shapes import ModelShape
 
@@ -74,6 +77,7 @@ class Plan:
             "gpu_memory_assumed": self.memory_assumed, "fits": self.fits, "peak_phase": self.peak.name,
             "peak_bytes": self.peak.total,
             "phases": {p.name: {"total_bytes": p.total, "parts": dict(p.parts)} for p in self.phases},
+            "sequence_parallel": self.settings.train.split,
             "largest_micro_batch_size": self.largest_micro_batch,
             "largest_max_tokens_per_micro_batch": self.largest_tokens,
             "knobs": [{"set": list(k.overrides), "saves_bytes": k.saves, "fits": k.fits} for k in self.knobs],
@@ -94,6 +98,7 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
               knobs: bool = True, sharding: str | None = None) -> Plan:
     """The plan of `r` on `gpus` devices of `gpu_memory` bytes (`knobs`: look for what would make it fit);
     "auto" sizes planned as `grpo train` would choose them (grpocli.planning.autosize)."""
+    check_split(r, shape, gpus)
     chosen = auto_sizes(r, shape, gpus, gpu_memory, sharding)
     r = _with(r, {k: max(v, 16 if "tokens" in k else 1) if type(v) is int else v for k, v in chosen.items()})
     s = settings_of(r, shape, gpus=gpus, gpu_memory=gpu_memory, sharding=sharding)
@@ -112,6 +117,34 @@ def make_plan(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, memor
     return plan
 
 
+def check_split(r: Recipe, shape: ModelShape, gpus: int) -> None:
+    """UserError unless train.sequence_parallel = N can split this model over these processes, as the trainer
+    refuses it (grpocli.parallel.ulysses.check_model, grpocli.parallel.open_split): N divides the attention
+    and key-value heads (each process takes 1/N of each) and the processes."""
+    n = sequence_parallel(r)
+    if n <= 1:
+        return
+    heads, kv = shape.num_heads, shape.num_kv_heads
+    if heads % n or kv % n:
+        valid = [k for k in range(1, kv + 1) if heads % k == 0 and kv % k == 0]
+        raise UserError(f"train.sequence_parallel = {n} does not divide the model's heads ({heads} attention heads, "
+                        f"{kv} key-value heads): each process of a split takes 1/{n} of each",
+                        where="train.sequence_parallel", valid=", ".join(map(str, valid)),
+                        hint=f"set train.sequence_parallel to one of {', '.join(map(str, valid))}")
+    if gpus % n:
+        valid = [k for k in range(1, gpus + 1) if gpus % k == 0 and heads % k == 0 and kv % k == 0]
+        raise UserError(f"train.sequence_parallel = {n} does not divide the {gpus} process(es) planned for: each "
+                        f"split is {n} processes", where="train.sequence_parallel",
+                        valid=f"with {gpus} process(es) and this model's heads: {', '.join(map(str, valid))}",
+                        hint=f"grpo plan --gpus with a multiple of {n}, or another train.sequence_parallel")
+
+
+def _split_sizes(r: Recipe, shape: ModelShape, gpus: int) -> list[int]:
+    """train.sequence_parallel values above the recipe's that this model and these processes allow."""
+    return [n for n in range(sequence_parallel(r) + 1, gpus + 1)
+            if gpus % n == 0 and shape.num_heads % n == 0 and shape.num_kv_heads % n == 0]
+
+
 def _candidates(r: Recipe, shape: ModelShape, plan: Plan) -> list[dict[str, Any]]:
     """Changes that can lower the peak, each as dotted keys to values."""
     t, m, s = r.train, r.model, plan.settings
@@ -127,6 +160,11 @@ def _candidates(r: Recipe, shape: ModelShape, plan: Plan) -> list[dict[str, Any]
         out.append({"train.sharding": "fsdp2", "train.num_processes": _processes(r, shape, plan)})
     if s.reference:
         out.append({"algorithm.reference": "server"})
+    splits = _split_sizes(r, shape, plan.gpus) if s.sharding in ("none", "fsdp2") else []
+    if splits:  # the fewest processes a row that fit, else the most
+        fitting = [n for n in splits if peak_of(_with(r, {"train.sequence_parallel": n}), shape, plan.gpus,
+                                                plan.gpu_memory, plan.sharding) <= plan.gpu_memory]
+        out.append({"train.sequence_parallel": (fitting or splits)[0 if fitting else -1]})
     if hasattr(t, "activation_offloading") and not t.activation_offloading:
         out.append({"train.activation_offloading": True})
     if r.generation.backend == "vllm":

@@ -50,7 +50,8 @@ def settings_of(r: Recipe, shape: ModelShape, *, gpus: int, gpu_memory: int, sha
         teacher=teacher, teacher_bytes=teacher_weight_bytes(r, teacher) if teacher is not None else 0,
         micro_batches=math.ceil(per_process / train_rows) if per_process else 1,
         train=tokens_of(r, shape, train_rows), logprob=tokens_of(r, shape, min(logprob_rows, max(per_process, 1))),
-        entropy_grad=a.entropy_coef > 0, engine_bytes=engine, engine_sleeps=int(getattr(r.vllm, "sleep_mode", 0)) > 0,
+        chunk_tokens=getattr(t, "logits_chunk_tokens", 1024), entropy_grad=a.entropy_coef > 0, engine_bytes=engine,
+        engine_sleeps=int(getattr(r.vllm, "sleep_mode", 0)) > 0,
         generation_bytes=_hf_generation(r, shape, compute, per_process) if backend in ("hf", "paged") else 0,
     )
 
@@ -64,18 +65,30 @@ def _rows(micro_batch_size: int, max_tokens: int | None, r: Recipe, per_process:
 
 
 def tokens_of(r: Recipe, shape: ModelShape, n: int) -> Tokens:
-    """The forward pass of n full-length sequences as grpocli.algorithms.packing lays them out."""
+    """The forward pass of n full-length sequences as grpocli.algorithms.packing lays them out (and, under
+    train.sequence_parallel, as grpocli.parallel.sequence splits them)."""
     lp, lc, g = r.data.max_prompt_length, r.generation.max_completion_length, r.generation.num_generations
     attn = r.model.attn_implementation or "sdpa"
+    split = sequence_parallel(r)
     if "flash" in attn:  # packed: one row, no mask
-        return Tokens(rows=1, width=n * (lp + lc - 1), scored=n * lc)
+        return Tokens(rows=1, width=n * (lp + lc - 1), scored=n * lc, split=split)
+    rows, width, scored = n, lp + lc - 1, n * lc  # padded rows: a 2D mask that transformers makes 4D, but
+    mask = n * width * width if n > 1 else 0      # none for one row alone (no padding: is_causal instead)
+    tree = False
     if attn in ("sdpa", "eager"):
         groups = max(len({i // g for i in range(k, k + n)}) for k in range(0, max(n, g), n))
-        width = groups * lp + n * (lc - 1)
-        if width <= DENSE_ROW_FACTOR * shape.hidden_size:
-            return Tokens(rows=1, width=width, scored=n * lc, mask=width * width)
-    width = lp + lc - 1
-    return Tokens(rows=n, width=width, scored=n * lc, mask=n * width * width)
+        shared = groups * lp + n * (lc - 1)
+        if shared <= DENSE_ROW_FACTOR * shape.hidden_size:  # shared prompts: one row, its tree mask
+            rows, width, mask, tree = 1, shared, shared * shared, True
+        if split > 1:  # the whole (padded) rows' mask on every process of the split (grpocli.parallel.sequence's
+            whole = -(-width // split) * split  # whole_mask), but none for right-padded rows under sdpa (is_causal)
+            mask = rows * whole * whole if tree or attn == "eager" else 0
+    return Tokens(rows=rows, width=width, scored=scored, mask=mask, split=split)
+
+
+def sequence_parallel(r: Recipe) -> int:
+    """train.sequence_parallel (1 where the recipe has no such key)."""
+    return int(getattr(r.train, "sequence_parallel", 1) or 1)
 
 
 def _hf_generation(r: Recipe, shape: ModelShape, compute: int, per_process: int) -> int:

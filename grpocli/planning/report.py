@@ -26,6 +26,7 @@ def render(plan: Plan, console: Any) -> None:
                   f"{plan.completion_tokens}): {t.rows} row(s) x {t.width} tokens, {t.scored} scored; "
                   f"{s.micro_batches} micro-batch(es) a step on each of {s.processes} process(es)"
                   + (f", sharding {s.sharding}" if s.sharding != "none" and s.processes > 1 else ""))
+    console.print(split_line(plan))
     for phase in plan.phases:
         table = Table(title=f"{phase.name}: {gib(phase.total)} per process", title_justify="left",
                       show_header=False, box=None, pad_edge=False)
@@ -62,3 +63,14 @@ def teacher_line(plan: Plan, escape: Any = str) -> str:
     return (f"teacher: {t.architecture} from {escape(t.source)}: {t.params:,} parameters, {t.num_layers} layers, "
             f"hidden {t.hidden_size}, vocabulary {t.vocab_size:,}; in process: its weights ({gib(weights)} "
             f"per process, {s.teacher_bytes} bytes each) in every phase, its forward pass in the log-prob phase")
+
+
+def split_line(plan: Plan) -> str:
+    """The train.sequence_parallel the plan assumed, and what each process then holds of a row."""
+    t = plan.settings.train
+    if t.split <= 1:
+        return "sequence parallel: train.sequence_parallel = 1 (each process holds its micro-batch's whole rows)"
+    return (f"sequence parallel: train.sequence_parallel = {t.split}: each process holds 1/{t.split} of every row, "
+            f"{t.local // t.rows} of its {t.width} tokens, and the logits of {t.local_scored} scored positions; "
+            f"attention holds every token for 1/{t.split} of the heads"
+            + (f", under the whole rows' mask ({t.mask:,} elements)" if t.mask else ""))

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -66,6 +67,47 @@ def peak_tracker():
             pass
 
     return PeakTracker()
+
+
+def host_offloading(model):
+    """train.activation_offloading on a CPU, as on a GPU: grpocli.trainer.offloading's hooks (the same
+    choice of what to copy, each tensor once), with the host copies made in numpy arrays, memory that
+    the tracker does not count (on a CPU the trainer's copies are torch tensors in the same memory as
+    the activations, so they would be counted and nothing would seem saved)."""
+    import numpy
+    import torch
+
+    from grpocli.trainer.offloading import ActivationOffloading
+
+    class HostOffloading(ActivationOffloading):
+        def _pack(self, t: torch.Tensor):
+            if self._stays(t):
+                self.kept += 1
+                return t
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+                   t.dtype, t._version)
+            seen = self.copies.get(key)
+            if seen is not None and seen[0]() is not None:
+                return seen[1]
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+            host = numpy.empty(tuple(t.shape), dtype=torch.empty((), dtype=bits).numpy().dtype)
+            torch.from_numpy(host).copy_(t.detach().view(bits))
+            packed = (t.size(), t.stride(), t.dtype, bits, host)
+            self.copies[key] = (weakref.ref(t), packed)
+            self.packed += 1
+            self.offloaded_bytes += t.numel() * t.element_size()
+            return packed
+
+        @staticmethod
+        def _unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            size, stride, dtype, bits, host = packed
+            back = torch.empty_strided(size, stride, dtype=dtype)
+            back.view(bits).copy_(torch.from_numpy(host))
+            return back
+
+    return HostOffloading(model)
 
 
 def _held(*objects) -> int:
@@ -115,6 +157,7 @@ def measure(overrides: list[str]) -> dict:
     from grpocli.planning import make_plan, shape_of
     from grpocli.recipe import load_recipe
     from grpocli.trainer.batching import OptimizerBatch, make_micro_batches
+    from grpocli.trainer.offloading import ActivationOffloading
     from grpocli.trainer.session import _optimizer
     from grpocli.trainer.step import Frozen, LossSettings, frozen_logprobs, optimizer_step
 
@@ -125,6 +168,7 @@ def measure(overrides: list[str]) -> dict:
     device = parallel.load_device  # CUDA: the weights load straight onto it
     model = load_policy(r.model, r.train.seed, device=device)
     reference = load_reference(r.model, r.train.seed, device=device) if r.algorithm.beta > 0 else None
+    parallel.split_models(model, reference)  # train.sequence_parallel: Ulysses attention, as the trainer's session
     model, reference, optimizer, _ = parallel.prepare(model, reference, lambda m: _optimizer(r.train, m))
     policy = parallel.unwrap(model)
     vocab = policy.get_input_embeddings().num_embeddings
@@ -132,12 +176,18 @@ def measure(overrides: list[str]) -> dict:
     advantages = torch.linspace(-1.0, 1.0, len(rollouts.completion_ids))  # none 0: every row is computed
     micro = tuple(make_micro_batches(rollouts, advantages, list(range(len(advantages))),
                                      max_sequences=r.train.micro_batch_size, layout=choose_layout(policy)))
-    settings = LossSettings.of(r.algorithm, r.generation)
-    ref = frozen_logprobs(parallel, reference, micro, settings.temperature) if reference is not None else None
+    chunk = r.train.logits_chunk_tokens
+    settings = LossSettings.of(r.algorithm, r.generation, chunk_tokens=chunk)
+    ref = (frozen_logprobs(parallel, reference, micro, settings.temperature, chunk_tokens=chunk)
+           if reference is not None else None)
+    offload = None
+    if r.train.activation_offloading:  # host copies the tracker does not count, as a GPU's count has no host memory
+        offload = host_offloading(model) if parallel.device.type == "cpu" else ActivationOffloading(model)
+
     def steps() -> None:
         for _ in range(2):
             optimizer_step(parallel, model, optimizer, OptimizerBatch(micro), Frozen(ref_logp=ref), settings,
-                           max_grad_norm=r.train.max_grad_norm)
+                           max_grad_norm=r.train.max_grad_norm, offload=offload)
 
     kinds: dict[str, int] = {}
     logprob_measured = None
@@ -159,7 +209,7 @@ def measure(overrides: list[str]) -> dict:
         tracker = peak_tracker()  # the old policy's pass, AdamW's moments held from the steps
         tracker.track_external(model, optimizer, *([reference] if reference is not None else []))
         with tracker:
-            frozen_logprobs(parallel, policy, micro, settings.temperature)
+            frozen_logprobs(parallel, policy, micro, settings.temperature, chunk_tokens=chunk)
         logprob_measured = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
     plan = make_plan(r, shape_of(r.model), gpus=parallel.size, gpu_memory=2**50, knobs=False)
     training = next(p for p in plan.phases if p.name == "training")
