@@ -43,6 +43,8 @@ LONGEST_FIRST = (
     "faults/test_processes.py",         # 90
     "launch/test_processes_in_step.py",  # 65
     "trainer/test_fsdp_lockstep.py",    # 145, two processes
+    "planning/test_measured_long.py",   # ~130, 8K-token steps, two processes
+    "parallel/test_sequence_parallel.py",  # ~140, 2 and 4 gloo processes
     "multiturn/test_environment_packages.py",  # 51
     "engines/test_fleet.py",            # ~200, two vLLM servers
     "faults/test_server_faults.py",     # ~100 (measured alone), a stock vLLM server
@@ -55,6 +57,7 @@ LONGEST_FIRST = (
     "engines/test_vllm_stock_server.py",  # ~90 (measured alone), two stock vLLM servers
     "engines/test_vllm_lora_adapter.py",  # ~90, a vLLM server
     "launch/test_launcher.py",          # 49
+    "benchmark/test_bench_processes.py",  # 40, two processes
     "test_gpu_kit.py",                  # 46
     "faults/test_disk_faults.py",       # 40
     "test_docs.py",                     # 40
