@@ -62,7 +62,7 @@ def test_predicted_peaks_are_within_15_percent_of_the_measured_ones(name, small_
 def test_fsdp2_over_two_processes_within_15_percent(small_model, tmp_path):
     overrides = _overrides(["SMALL", *LONG, "train.micro_batch_size=8", "train.sharding=fsdp2",
                             "train.num_processes=2", "train.prompts_per_step=4", "algorithm.beta=0.1"], small_model)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
            *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})

@@ -67,7 +67,7 @@ SPLIT = {
 def test_8k_completions_split_over_two_processes_within_15_percent(name, tmp_path):
     overrides = [*LONG, "train.prompts_per_step=2", "train.num_processes=2", "train.sequence_parallel=2",
                  *SPLIT[name]]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
            *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
