@@ -146,6 +146,21 @@ def _rollouts(r, vocab: int, rank: int, processes: int):
                     completions=[""] * (b * g), truncated=torch.zeros(b * g, dtype=torch.bool), group_size=g)
 
 
+def measure_on_two(overrides: list[str], cwd: Path, timeout: float) -> list[dict]:
+    """`measure` on 2 processes (torchrun --standalone: a free rendezvous port): each process's line, by rank."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
+           *overrides]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = sorted((json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"rank"')),
+                   key=lambda line: line["rank"])
+    assert [line["rank"] for line in lines] == [0, 1]
+    return lines
+
+
 def measure(overrides: list[str]) -> dict:
     """Predicted and measured peak bytes of this process's training phase (two optimizer steps) and,
     on a CPU, of the old policy's log-prob pass after them."""

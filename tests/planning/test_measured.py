@@ -5,14 +5,10 @@ Every configuration within 15%; the table is printed (pytest -s shows it)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from measured_step import measure, save_small_model
+from measured_step import measure, measure_on_two, save_small_model
 
 HERE = Path(__file__).resolve().parent
 #: Predicted within this share of the measured peak, both ways.
@@ -62,13 +58,7 @@ def test_predicted_peaks_are_within_15_percent_of_the_measured_ones(name, small_
 def test_fsdp2_over_two_processes_within_15_percent(small_model, tmp_path):
     overrides = _overrides(["SMALL", *LONG, "train.micro_batch_size=8", "train.sharding=fsdp2",
                             "train.num_processes=2", "train.prompts_per_step=4", "algorithm.beta=0.1"], small_model)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
-           *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"rank"')]
-    assert sorted(line["rank"] for line in lines) == [0, 1]
+    lines = measure_on_two(overrides, tmp_path, timeout=240)
     for line in lines:
         _check(f"small, FSDP2 x 2, beta 0.1 (rank {line['rank']})", line["predicted"], line["measured"])
         _check(f"small, FSDP2 x 2, beta 0.1 (rank {line['rank']}): log-prob pass", line["logprob_predicted"],

@@ -10,14 +10,10 @@ without gradient checkpointing and activation offloading, and split over two pro
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from measured_step import measure
+from measured_step import measure, measure_on_two
 
 HERE = Path(__file__).resolve().parent
 #: Predicted within this share of the measured peak, both ways.
@@ -67,13 +63,7 @@ SPLIT = {
 def test_8k_completions_split_over_two_processes_within_15_percent(name, tmp_path):
     overrides = [*LONG, "train.prompts_per_step=2", "train.num_processes=2", "train.sequence_parallel=2",
                  *SPLIT[name]]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(HERE / "measured_step.py"),
-           *overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"rank"')]
-    assert sorted(line["rank"] for line in lines) == [0, 1]
+    lines = measure_on_two(overrides, tmp_path, timeout=600)
     for line in lines:
         _check(f"{name} (rank {line['rank']})", line["predicted"], line["measured"])
         _check(f"{name} (rank {line['rank']}): log-prob pass", line["logprob_predicted"], line["logprob_measured"])
