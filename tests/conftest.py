@@ -120,6 +120,21 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"test order: {ORDER_VARIABLE}={os.environ[ORDER_VARIABLE]}")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a served engine (tests/vllm_serve_process.py's Server, e.g. tests/engines'
+    session-wide one) reports how that server is and its log: a server that died mid-test fails every later
+    test that shares it, and only its log says why."""
+    from vllm_serve_process import Server
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, Server):
+                report.sections.append((f"server {name}", value.report()))
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest files first (LONGEST_FIRST), in the order GRPO_TEST_ORDER asks for (default: as
     collected); tests marked `gpu` (`gpu2`) run where CUDA shows one (two) GPUs, and skip with the reason

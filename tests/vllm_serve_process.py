@@ -28,12 +28,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def kernel_kills() -> str:
+    """The kernel log's out-of-memory kills, where it can be read (dmesg; empty where it cannot)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "dmesg: unreadable"
+    kills = [line for line in out.splitlines() if "out of memory" in line.lower() or "killed process" in line.lower()]
+    return "dmesg: " + ("\n".join(kills[-5:]) or "no out-of-memory kill")
+
+
 #: What a vLLM server on this CPU machine runs with: the loopback address, 1 GiB of KV cache, no usage report.
 CPU_ENV = {"PYTHONUNBUFFERED": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
-#: The engine's worker inside its engine process (vLLM's "uni" executor): one process fewer to start (~5 s here).
+#: vLLM's "uni" executor (the worker inside the engine process). vLLM-CPU 0.32 overrides it with "mp" whenever
+#: VLLM_ENABLE_V1_MULTIPROCESSING is 1 (vllm/platforms/cpu.py), so a CPU server still starts a worker process.
 UNI = ("--distributed-executor-backend", "uni")
 
 
@@ -81,6 +94,19 @@ class Server:
     def tail(self, n: int = 3000) -> str:
         self.log.flush()
         return open(self.log_path).read()[-n:]
+
+    def report(self, n: int = 6000) -> str:
+        """Whether it still runs (or how it ended, with the kernel's last word on a SIGKILL: an out-of-memory
+        kill shows there), then its log's last ``n`` characters: what a failed test that used it prints."""
+        code = self.proc.poll()
+        state = "running" if code is None else f"exited with {code}"
+        if code is not None and code < 0:
+            import signal
+
+            state += f" ({signal.Signals(-code).name})"
+        if code == -9:
+            state += "\n" + kernel_kills()
+        return f"{self.url}: {state}\n{self.tail(n)}"
 
     def stop(self) -> None:
         """SIGTERM to its process group (the API server and its engine process), then SIGKILL."""
