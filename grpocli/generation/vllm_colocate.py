@@ -50,7 +50,7 @@ VLLM_ENV = {
 }
 
 
-def prepare_vllm_environment(*, kv_cache_gb: float = 1.0, in_process: bool = True,
+def prepare_vllm_environment(*, kv_cache_gb: int = 1, in_process: bool = True,
                              threads: int | None = None) -> None:
     """Set vLLM's environment before ``import vllm`` (later changes are not seen).
 

@@ -82,8 +82,9 @@ class VllmSection(Section):
         "sleep mode) the merged sync is used, with a note saying why.",
         json_schema_extra=FREE_ON_RESUME,
     )
-    kv_cache_gb: float = Field(
-        1.0, gt=0.0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).",
+    kv_cache_gb: int = Field(
+        1, ge=1, le=4096, description="KV cache size on CPU, in whole GiB (VLLM_CPU_KVCACHE_SPACE, which vLLM-CPU "
+        "reads as an integer).",
         json_schema_extra=FREE_ON_RESUME,
     )
     importance_sampling_correction: bool = Field(

