@@ -45,6 +45,36 @@ def check_positions(recipe: Recipe) -> None:
     positions = model_positions(recipe.model)
     if positions is None or os.environ.get(ALLOW_LONG) == "1":
         return
+    _check_positions(recipe, positions)
+    if recipe.generation.backend == "vllm" and not positions.tiny:
+        _check_engine_context(recipe, positions)
+
+
+def _check_engine_context(recipe: Recipe, positions: Positions) -> None:
+    """A colocated vLLM engine's own rule, before the policy loads rather than as the engine starts: vLLM 0.32
+    multiplies no YaRN factor in (it takes max_position_embeddings as already stretched, as transformers 5
+    does), so a config that stretches its positions by YaRN alone holds the training sequence but not the
+    engine's context (grpocli.generation.vllm_colocate.check_context_length, which the engine runs again)."""
+    from grpocli.generation.vllm_colocate import check_context_length, model_context
+
+    v, file = recipe.vllm, _config_json(recipe.model.name_or_path)
+    if file is None:
+        return
+    where = "vllm.max_model_len" if v.max_model_len else "data.max_prompt_length + generation.max_completion_length"
+    length = v.max_model_len or recipe.data.max_prompt_length + recipe.generation.max_completion_length
+    context = model_context(os.path.dirname(file))
+    if context is not None and context[0] < length <= positions.length:  # stretched for training, not for vLLM
+        raise UserError(
+            f"the vLLM engine's context ({length} tokens) is longer than vLLM reads the model's: {positions.said}, "
+            f"but vLLM takes {context[1]} = {context[0]} as the stretched length (it multiplies no YaRN factor in)",
+            where=where, valid=f"at most {context[0]} with this config.json ({file})",
+            hint=f'set "{context[1]}": {positions.length} in that config.json, as transformers 5 reads it too '
+                 f"(or generation.backend = \"hf\", or {ALLOW_LONG}=1)",
+        )
+    check_context_length(os.path.dirname(file), length, where)
+
+
+def _check_positions(recipe: Recipe, positions: Positions) -> None:
     key, completion = "generation.max_completion_length", recipe.generation.max_completion_length
     e = recipe.eval
     if e.every and e.max_tokens is not None and e.max_tokens > completion:
@@ -62,9 +92,11 @@ def check_positions(recipe: Recipe) -> None:
         longer = f", or model.tiny.max_position_embeddings={prompt + completion}"
     elif not positions.tiny:
         factor = 2.0 ** math.ceil(math.log2((prompt + completion) / positions.unstretched))
+        stretched = int(positions.unstretched * factor)
         longer = (", or stretch the model's positions with rope scaling in its config.json, as Qwen2.5's model "
                   f'cards do for long texts: "rope_scaling": {{"type": "yarn", "factor": {factor:g}, '
-                  f'"original_max_position_embeddings": {positions.unstretched}}}')
+                  f'"original_max_position_embeddings": {positions.unstretched}}}, with "max_position_embeddings": '
+                  f"{stretched} (transformers 5 and vLLM read it as the stretched length)")
     model = "the tiny model" if positions.tiny else recipe.model.name_or_path
     raise UserError(
         f"the engine's context and the longest {'evaluated' if key == 'eval.max_tokens' else 'training'} sequence "

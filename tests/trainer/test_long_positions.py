@@ -63,7 +63,8 @@ def test_a_config_json_gives_the_positions_and_yarn_rope_scaling_stretches_them(
     assert refused.value.where == "data.max_prompt_length + generation.max_completion_length"
     assert "(512 + 32768 = 33280 tokens)" in text and "says max_position_embeddings = 32768" in text, text
     assert "generation.max_completion_length=32256" in text, text
-    assert '"rope_scaling": {"type": "yarn", "factor": 2, "original_max_position_embeddings": 32768}' in text, text
+    assert '"rope_scaling": {"type": "yarn", "factor": 2, "original_max_position_embeddings": 32768}, with ' \
+           '"max_position_embeddings": 65536' in text, text
 
     (tmp_path / "model" / "config.json").write_text(json.dumps({**QWEN25_7B, "rope_scaling": QWEN25_YARN}))
     positions = model_positions(_recipe(f"model.name_or_path={plain!r}").model)
@@ -72,6 +73,35 @@ def test_a_config_json_gives_the_positions_and_yarn_rope_scaling_stretches_them(
     check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=32768"))  # fits now
     with pytest.raises(UserError, match="from 32768 to 131072"):
         check_positions(_recipe(f"model.name_or_path={plain!r}", "generation.max_completion_length=131072"))
+
+
+def test_a_colocated_vllm_engine_is_checked_by_vllms_rule_before_the_policy_loads(tmp_path, monkeypatch):
+    """vLLM 0.32 multiplies no YaRN factor in: Qwen2.5's YaRN config as its model card gives it (32768 positions,
+    factor 4) holds a 33K training sequence, but the colocated engine would refuse it only after the policy
+    loaded; the check says so first, and what to write in config.json. With max_position_embeddings the
+    stretched length (transformers 5's reading), both agree."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    folder = _model_dir(tmp_path, {**QWEN25_7B, "rope_scaling": QWEN25_YARN})
+    long = [f"model.name_or_path={folder!r}", "generation.max_completion_length=32768"]
+    check_positions(_recipe(*long))  # transformers' generate (generation.backend = "hf")
+    with pytest.raises(UserError) as refused:
+        check_positions(_recipe(*long, "generation.backend=vllm"))
+    text = str(refused.value)
+    assert refused.value.where == "data.max_prompt_length + generation.max_completion_length"
+    assert "context (33280 tokens)" in text and "vLLM takes max_position_embeddings = 32768" in text, text
+    assert '"max_position_embeddings": 131072 in that config.json' in text, text
+    with pytest.raises(UserError, match="vllm.max_model_len"):
+        check_positions(_recipe(*long[:1], "generation.backend=vllm", "vllm.max_model_len=65536"))
+
+    (tmp_path / "model" / "config.json").write_text(
+        json.dumps({**QWEN25_7B, "max_position_embeddings": 131072, "rope_scaling": QWEN25_YARN}))
+    check_positions(_recipe(*long, "generation.backend=vllm"))  # what the hint says: both read 131072
+    plain = {**QWEN25_7B}
+    (tmp_path / "model" / "config.json").write_text(json.dumps(plain))
+    with pytest.raises(UserError, match="longer than the model's positions"):  # the training check speaks first
+        check_positions(_recipe(*long, "generation.backend=vllm"))
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    check_positions(_recipe(*long, "generation.backend=vllm"))
 
 
 @pytest.mark.parametrize(("config", "length"), [
