@@ -128,7 +128,7 @@ def _check_before_exec(flags) -> None:
     import importlib.util
 
     from grpocli.errors import UserError
-    from grpocli.generation.vllm_colocate import check_context_length
+    from grpocli.generation.engine_context import check_context_length
     from grpocli.serving.access import check_port
 
     if importlib.util.find_spec("vllm") is None:

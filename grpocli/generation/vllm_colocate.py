@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from grpocli.errors import UserError
 from grpocli.generation.base import Generated, PromptEncoder, Sampling
 from grpocli.generation.devices import process_device, use_device
+from grpocli.generation.engine_context import check_context_length
 from grpocli.generation.engine_copy import copy_dir, write_engine_copy
 from grpocli.generation.engine_options import engine_dtype, engine_options
 from grpocli.generation.engine_sleep import EngineSleep, check_sleep_mode
@@ -81,54 +82,6 @@ def cpu_binding(threads: int | None) -> str:
     """vLLM's core list ("0,1") for ``threads`` cores of this process's affinity mask (all for None)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     return ",".join(map(str, cores[:threads] if threads else cores))
-
-
-#: The config.json keys vLLM reads a model's context length from (the smallest given wins;
-#: vllm.transformers_utils.model_arch_config_convertor), and the RoPE types whose factor it does
-#: not multiply in (their max_position_embeddings is already scaled).
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
-                "max_sequence_length", "max_seq_length", "seq_len")
-_SCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
-
-
-def model_context(model_dir: str | Path) -> tuple[int, str] | None:
-    """The longest context vLLM allows ``model_dir``'s model, and the config.json key it comes from,
-    worked out as vLLM does; None where the config does not say (vLLM then takes what it is given)."""
-    import json
-
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    given = [(text[k], k) for k in CONTEXT_KEYS if isinstance(text.get(k), (int, float))]
-    if isinstance(text.get("model_max_length"), (int, float)):
-        given = [(text["model_max_length"], "model_max_length")]  # vLLM: it overrides the others
-    if not given:
-        return None
-    length, key = min(given)
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in (*_SCALED_ROPE, None, "default"):
-        length *= rope.get("factor") or 1.0
-    return int(length), key
-
-
-def check_context_length(model_dir: str | Path, max_model_len: int | None, where: str) -> None:
-    """UserError (exit 2) before vLLM loads when ``max_model_len`` is longer than the model's context
-    (vLLM's own check fails later, as a pydantic traceback); ``where`` names the setting(s) it came
-    from. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it, as in vLLM."""
-    context = model_context(model_dir)
-    if max_model_len is None or context is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
-        return
-    length, key = context
-    if max_model_len > length:
-        fix = f"{where}={length}" if "+" not in where else f"make {where} at most {length}"
-        raise UserError(
-            f"the engine's context ({max_model_len} tokens) is longer than the model's: its config.json says "
-            f"{key} = {length}", where=where, valid=f"at most {length}",
-            hint=f"{fix} (or export VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 for a model whose position encoding "
-                 "takes longer sequences)",
-        )
 
 
 class VllmEngine:

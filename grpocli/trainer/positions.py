@@ -41,36 +41,25 @@ def check_positions(recipe: Recipe) -> None:
     a model with learned positions fails on such a sequence, one with rotary positions runs on where it was
     never trained. The positions come from [model.tiny] or the model's config.json (`model_positions`); a model
     whose config is not on disk as JSON is not checked here. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through,
-    as it does vLLM's own check (grpocli.generation.vllm_colocate.check_context_length)."""
+    as it does vLLM's own check (grpocli.generation.engine_context.check_context_length)."""
     positions = model_positions(recipe.model)
     if positions is None or os.environ.get(ALLOW_LONG) == "1":
         return
     _check_positions(recipe, positions)
     if recipe.generation.backend == "vllm" and not positions.tiny:
-        _check_engine_context(recipe, positions)
+        _check_engine_context(recipe)
 
 
-def _check_engine_context(recipe: Recipe, positions: Positions) -> None:
-    """A colocated vLLM engine's own rule, before the policy loads rather than as the engine starts: vLLM 0.32
-    multiplies no YaRN factor in (it takes max_position_embeddings as already stretched, as transformers 5
-    does), so a config that stretches its positions by YaRN alone holds the training sequence but not the
-    engine's context (grpocli.generation.vllm_colocate.check_context_length, which the engine runs again)."""
-    from grpocli.generation.vllm_colocate import check_context_length, model_context
+def _check_engine_context(recipe: Recipe) -> None:
+    """A colocated vLLM engine's context check (grpocli.generation.engine_context.check_context_length, vLLM's
+    own reading: no YaRN factor) before the policy loads rather than as the engine starts."""
+    from grpocli.generation.engine_context import check_context_length
 
     v, file = recipe.vllm, _config_json(recipe.model.name_or_path)
     if file is None:
         return
     where = "vllm.max_model_len" if v.max_model_len else "data.max_prompt_length + generation.max_completion_length"
     length = v.max_model_len or recipe.data.max_prompt_length + recipe.generation.max_completion_length
-    context = model_context(os.path.dirname(file))
-    if context is not None and context[0] < length <= positions.length:  # stretched for training, not for vLLM
-        raise UserError(
-            f"the vLLM engine's context ({length} tokens) is longer than vLLM reads the model's: {positions.said}, "
-            f"but vLLM takes {context[1]} = {context[0]} as the stretched length (it multiplies no YaRN factor in)",
-            where=where, valid=f"at most {context[0]} with this config.json ({file})",
-            hint=f'set "{context[1]}": {positions.length} in that config.json, as transformers 5 reads it too '
-                 f"(or generation.backend = \"hf\", or {ALLOW_LONG}=1)",
-        )
     check_context_length(os.path.dirname(file), length, where)
 
 
@@ -140,11 +129,11 @@ def model_positions(model: ModelSection) -> Positions | None:
 
 def config_positions(config: dict[str, Any], *, source: str) -> Positions | None:
     """The longest sequence a config.json's positions hold: the smallest of the length keys vLLM reads
-    (grpocli.generation.vllm_colocate.CONTEXT_KEYS: max_position_embeddings, n_positions, max_seq_len, ...; a
+    (grpocli.generation.engine_context.CONTEXT_KEYS: max_position_embeddings, n_positions, max_seq_len, ...; a
     multimodal config's text_config), stretched by a linear / dynamic / YaRN rope_scaling (or transformers 5's
     rope_parameters) with a factor to original_max_position_embeddings (else that length) x factor where that is
     longer. None when it names no length. ``source`` names the file in the words."""
-    from grpocli.generation.vllm_colocate import CONTEXT_KEYS
+    from grpocli.generation.engine_context import CONTEXT_KEYS
 
     text = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     given = [(int(text[k]), k) for k in CONTEXT_KEYS
