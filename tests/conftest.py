@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
+import tempfile
 
 import pytest
 from cli_runner import run_grpo
@@ -12,6 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    # grpo's cache (GGUF models' dense copies) in a folder of this session, not the user's: xdist's workers
+    # and every process a test starts inherit it; it goes when the session ends.
+    os.environ["GRPO_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["GRPO_CACHE_DIR"], True)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Each worker has a core (`-n 2` on 2 cores): the runs it starts take one thread each. At torch's
     # default (a thread per core) two workers' runs oversubscribe the cores and OpenMP's waiting

@@ -3,6 +3,7 @@
     source.py     where a model comes from: a directory, a GGUF file, a packaged model, a hub id
     packaged.py   models shipped inside an installed Python package as a GGUF file
     loader.py     the tokenizer, the policy and the reference model of a [model] section
+    gguf_copy.py  a GGUF model dequantized once: the dense copy kept in grpo's cache (model.gguf_cache)
     files.py      save_pretrained without a progress bar; safetensors weights read back
     export.py     checkpoints as standalone models (LoRA adapters merged into their base)
     tiny.py       tiny Qwen2 models from [model.tiny]: no download, bit-identical for a seed

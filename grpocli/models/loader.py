@@ -8,7 +8,8 @@ after grpocli.models.source has checked it.
 A GGUF model is dequantized at load time into ordinary dense weights in ``model.dtype``
 (transformers' ``GgufConfig(dequantize=True)``, which also drops the quantization state), so it
 trains like any other model and its checkpoints are ordinary safetensors; its tokenizer, chat
-template included, is read from the same file.
+template included, is read from the same file. That happens once per file: later loads read the
+dense copy grpocli.models.gguf_copy keeps (``model.gguf_cache``).
 
 The reference model is a separate frozen copy of the *base* weights (no LoRA adapters), loaded
 the same way as the policy: for 'tiny' with the same seed, so it equals the initial policy
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from grpocli.errors import UserError
+from grpocli.models.gguf_copy import dense, dense_source, gguf_kwargs
 from grpocli.models.source import Source, resolve
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ def load_tokenizer(model: ModelSection) -> PreTrainedTokenizerBase:
 
         return build_char_tokenizer(vocab_size=model.tiny.vocab_size)
     source = resolve(name, key=key, what="tokenizer", gguf=True)
+    if model.gguf_cache:
+        source = dense_source(source, _torch_dtype(model.dtype))
     from transformers import AutoTokenizer
 
     kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -128,13 +132,15 @@ def _load_base(model: ModelSection, seed: int, device: Any = None) -> PreTrained
         dtype = _torch_dtype(model.dtype)
         return base if dtype == "auto" else base.to(dtype)
     source = resolve(model.name_or_path, key="model.name_or_path", gguf=True)
+    if model.gguf_cache:
+        source = dense_source(source, _torch_dtype(model.dtype))
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code}
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
     if source.gguf_file:
-        kwargs.update(_gguf_kwargs(source))
+        kwargs.update(gguf_kwargs(source))
     if device is not None and str(device).startswith("cuda"):
         kwargs["device_map"] = {"": str(device)}  # shards go to the GPU as they load
     try:
@@ -149,59 +155,7 @@ def _load_base(model: ModelSection, seed: int, device: Any = None) -> PreTrained
             raise
         attn_error = _attn_error(model, err)
         raise attn_error or _load_error("model", source, "model.name_or_path", err) from None
-    return _dense(loaded) if source.gguf_file else loaded
-
-
-def _gguf_kwargs(source: Source) -> dict[str, Any]:
-    """from_pretrained arguments that load ``source.gguf_file`` as dense, trainable weights."""
-    _cache_gguf_name_maps()
-    kwargs: dict[str, Any] = {"gguf_file": source.gguf_file}
-    try:  # transformers >= 5.19: without it, an installed `kernels` keeps some weights packed
-        from transformers import GgufConfig
-
-        kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    except ImportError:  # older releases always dequantize GGUF weights
-        pass
-    return kwargs
-
-
-def _cache_gguf_name_maps() -> None:
-    """transformers builds gguf's tensor-name map of the architecture once per module it visits (397
-    times for SmolLM2-135M), a third of a GGUF load: the map depends only on (architecture, layers), so
-    gguf's builder is memoized (SmolLM2-135M's load: 30.3 s -> 20.9 s, the first load in a process)."""
-    import functools
-
-    import gguf
-
-    if not hasattr(gguf.get_tensor_name_map, "cache_info"):
-        gguf.get_tensor_name_map = functools.cache(gguf.get_tensor_name_map)
-
-
-def _dense(model: PreTrainedModel) -> PreTrainedModel:
-    """A GGUF-loaded model without the quantization state transformers attaches to it.
-
-    The weights are already plain dense tensors (dequantized while loading); what is left of the
-    GGUF quantizer (``model.hf_quantizer``, ``config.quantization_config``) would make
-    ``save_pretrained`` refuse ("quantized with gguf and is not serializable") and make vLLM read
-    the saved config as a GGUF-quantized model. GgufConfig(dequantize=True) removes them already;
-    this covers releases without it, the same way transformers' own ``remove_quantization_config``.
-    """
-    if getattr(model, "hf_quantizer", None) is not None:
-        del model.hf_quantizer
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    if hasattr(model, "quantization_method"):
-        del model.quantization_method
-    model.is_quantized = False
-    packed = [n for n, p in model.named_parameters() if not p.is_floating_point()]
-    if packed:  # a weight left in GGUF blocks cannot be trained
-        raise UserError(
-            f"transformers kept {len(packed)} weights of the GGUF model packed (e.g. {packed[0]})",
-            where="model.name_or_path",
-            valid="a GGUF file transformers can dequantize",
-            hint="upgrade transformers, or pip uninstall kernels",
-        )
-    return model
+    return dense(loaded) if source.gguf_file else loaded
 
 
 def _wrap_lora(policy: PreTrainedModel, lora: Lora, seed: int) -> PreTrainedModel:

@@ -83,6 +83,11 @@ class ModelSection(Section):
         "float32", description="Dtype the weights are loaded in."
     )
     trust_remote_code: bool = Field(False, description="Allow model code from the hub.")
+    gguf_cache: bool = Field(
+        True, description="Dequantize a GGUF model once and keep the dense copy (safetensors, model.dtype) in "
+        "$GRPO_CACHE_DIR/gguf (default ~/.cache/grpo/gguf), so later loads take seconds; false: from the file each time.",
+        json_schema_extra=FREE_ON_RESUME,
+    )
     attn_implementation: str | None = Field(
         None, description="transformers attn_implementation (e.g. 'sdpa', 'flash_attention_2').",
         json_schema_extra=FREE_ON_RESUME,
