@@ -49,11 +49,16 @@ class Shard:
     inverse: torch.Tensor       # [K] the gathered (process-ordered) scored tokens back in `logit_index` order
 
 
+def padded_width(w: int, size: int) -> int:
+    """A row's width rounded up to a multiple of the split's `size` (each process holds width/size tokens)."""
+    return -(-w // size) * size
+
+
 def shard_rows(rows: Rows, size: int, rank: int) -> Shard:
     """Process `rank`'s contiguous 1/`size` of `rows` (padded at the end: pad tokens at positions
     0, 1, ... that the whole-row mask keeps to themselves)."""
     r, w = rows.input_ids.shape
-    width = -(-w // size) * size
+    width = padded_width(w, size)
     pad = width - w
     ids = torch.cat([rows.input_ids, rows.input_ids.new_zeros(r, pad)], dim=1)                      # [r, W']
     positions = torch.cat([rows.position_ids, torch.arange(pad).expand(r, pad).to(rows.position_ids)], dim=1)
@@ -73,7 +78,7 @@ def whole_mask(rows: Rows, size: int, model: Any, device: torch.device) -> torch
     for sdpa, additive for eager; None where causal attention is the mask (sdpa: right-padded rows, a
     row of one sequence) and under flash-attention (`varlen` says where sequences start)."""
     r, w = rows.input_ids.shape
-    width = -(-w // size) * size
+    width = padded_width(w, size)
     attention = attention_implementation(model) or ""
     if "flash" in attention:
         return None
@@ -103,7 +108,7 @@ def whole_varlen(rows: Rows, size: int, device: torch.device) -> dict[str, Any]:
     if rows.cu_seqlens is None:
         return {}
     w = rows.input_ids.shape[1]
-    pad = -(-w // size) * size - w
+    pad = padded_width(w, size) - w
     cu = rows.cu_seqlens.tolist() + ([w + pad] if pad else [])
     cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
     longest = max(rows.max_seqlen, pad)
