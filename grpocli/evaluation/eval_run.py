@@ -59,6 +59,7 @@ def run_eval(
 ) -> dict[str, dict[str, Any]]:
     """Evaluate the base model and/or checkpoints; print one table; return {label: summary}."""
     from grpocli.data.source import load_dataset_for
+    from grpocli.generation.positions import check_eval_positions
     from grpocli.recipe import load_recipe
     from grpocli.registry import load_plugins
     from grpocli.rewards import resolve
@@ -72,6 +73,10 @@ def run_eval(
     sampling = eval_sampling(r, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     targets = resolve_targets(checkpoints, base=base)
     models = {t.label: model_for(r, t) for t in targets}  # an adapter without a base fails here
+    key = "--max-tokens" if max_tokens is not None else "eval.max_tokens" if ev.max_tokens else \
+        "generation.max_completion_length"
+    for model in models.values():  # prompt + completion past a model's positions: exit 2 before it loads
+        check_eval_positions(r, model.section, key, sampling.max_tokens)
     plugins = load_plugins()
     reward_fns = resolve(r.rewards, plugins.rewards)
     settings.check([f.name for f in reward_fns])

@@ -7,6 +7,8 @@
     vllm_colocate.py   a vLLM engine in this process (generation.backend = "vllm")
     vllm_install.py    vLLM's import (or how to install it) and the head sizes its CPU attention runs
     engine_context.py  a model's context length as vLLM reads it (YaRN included): config.json only, no torch
+    positions.py       the longest sequence a model's positions hold, from its config; prompt + completion checked
+                       before a model loads (grpo train's preflight, grpo eval)
     engine_options.py  the arguments of ``vllm.LLM`` per device: pure functions
     engine_copy.py     the policy saved for a colocated engine to start from
     engine_sleep.py    the colocated engine's sleep mode (vllm.sleep_mode)

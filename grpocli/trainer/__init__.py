@@ -23,7 +23,6 @@
     session.py         `Session`: everything the loop needs, opened in an order that fails early
     teacher.py         [distill]'s teacher: loaded or connected to, its vocabulary checked against the student's
     preflight.py       checks that need no model (names, rewards, tools, positions), before any loads
-    positions.py       the longest sequence a model's positions hold, from its config; prompt + completion checked
     source_checks.py   [[data.sources]] checked before any model loads, each source named
     signals.py         SIGTERM and SIGINT: stop cleanly and say what was kept
 """

@@ -19,8 +19,8 @@ from grpocli.algorithms.variants import (
 )
 from grpocli.errors import UserError
 from grpocli.generation.base import paged_on_sharded_policy
+from grpocli.generation.positions import check_positions
 from grpocli.recipe import Recipe
-from grpocli.trainer.positions import check_positions
 
 if TYPE_CHECKING:
     from grpocli.multiturn.toolbox import Toolbox

@@ -1,6 +1,6 @@
 """A sequence longer than the model's positions (data.max_prompt_length + generation.max_completion_length
 past max_position_embeddings, or past what a rope_scaling factor stretches it to) is refused with exit 2
-before any model loads (grpocli.trainer.preflight.check_positions)."""
+before any model loads (grpocli.generation.positions.check_positions, run by grpocli.trainer.preflight and grpo eval)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from cli_runner import grpo_in_process
 from tiny_runs import TINY_MODEL
 
 from grpocli.errors import UserError
+from grpocli.generation.positions import check_positions, config_positions, model_positions
 from grpocli.recipe import load_recipe
-from grpocli.trainer.positions import check_positions, config_positions, model_positions
 
 #: Qwen2.5-7B-Instruct's config.json, the keys that matter here (its public config: 32K positions).
 QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "max_position_embeddings": 32768,
@@ -135,3 +135,26 @@ def test_unknown_positions_are_not_checked_and_evaluation_length_counts(tmp_path
     check_positions(_recipe("eval.max_tokens=600"))  # no periodic evaluation: `grpo train` never generates 600
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     check_positions(_recipe("eval.every=5", "eval.max_tokens=600"))  # allowed, as vLLM allows it
+
+
+@pytest.mark.parametrize("target", ["--base", "--checkpoint"])
+def test_grpo_eval_refuses_completions_past_the_models_positions_before_it_loads(target, tmp_path, monkeypatch, capsys):
+    """The base model ([model.tiny]: 1024 positions) or a checkpoint (its config.json) and --max-tokens: exit 2
+    naming the option, before any model loads; eval.max_tokens is named where it sets the length."""
+    from vllm_serve_process import tiny_checkpoint
+
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")  # a checkpoint of the tiny model: 1024 positions in its config.json
+    loaded = []
+    monkeypatch.setattr("grpocli.models.tiny.build_tiny_model", lambda *a, **k: loaded.append("policy"))
+    monkeypatch.setattr("grpocli.models.loader._load_base", lambda *a, **k: loaded.append("base"))
+    chosen = ["--base"] if target == "--base" else ["--checkpoint", str(ckpt)]
+    out_dir = ["--output-dir", str(tmp_path / "eval")]
+    code, out = grpo_in_process(monkeypatch, capsys, "eval", "quickstart", *chosen, "--max-tokens", "600", *out_dir)
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert ("error: data.max_prompt_length + --max-tokens: the engine's context and the longest evaluated sequence "
+            "(512 + 600 = 1112 tokens) are longer than the model's positions") in out, out
+    assert "next: set --max-tokens 512 or data.max_prompt_length=424" in out, out
+    code, out = grpo_in_process(monkeypatch, capsys, "eval", "quickstart", *chosen, "eval.max_tokens=600", *out_dir)
+    assert code == 2 and "error: data.max_prompt_length + eval.max_tokens: " in out, out
+    assert loaded == [] and not (tmp_path / "eval").exists()

@@ -1,5 +1,6 @@
 """The longest sequence a model's positions hold, read from its config without loading it, and the
-check that a recipe's prompt + completion fits (grpocli.trainer.preflight runs it before any model loads)."""
+check that a recipe's prompt + completion fits, before any model loads: grpocli.trainer.preflight runs it
+for `grpo train`, grpocli.evaluation.eval_run for each model `grpo eval` samples from."""
 
 from __future__ import annotations
 
@@ -45,9 +46,23 @@ def check_positions(recipe: Recipe) -> None:
     positions = model_positions(recipe.model)
     if positions is None or os.environ.get(ALLOW_LONG) == "1":
         return
-    _check_positions(recipe, positions)
+    key, completion = "generation.max_completion_length", recipe.generation.max_completion_length
+    e = recipe.eval
+    if e.every and e.max_tokens is not None and e.max_tokens > completion:
+        key, completion = "eval.max_tokens", e.max_tokens
+    _check_length(recipe, positions, key, completion, recipe.model.name_or_path, key == "eval.max_tokens")
     if recipe.generation.backend == "vllm" and not positions.tiny:
         _check_engine_context(recipe)
+
+
+def check_eval_positions(recipe: Recipe, model: ModelSection, key: str, completion: int) -> None:
+    """`grpo eval`'s check: data.max_prompt_length + the completions it samples (`key`: --max-tokens,
+    eval.max_tokens or generation.max_completion_length) against the positions of ``model`` (the base model or
+    a checkpoint), before it loads; as `check_positions` otherwise."""
+    positions = model_positions(model)
+    if positions is None or os.environ.get(ALLOW_LONG) == "1":
+        return
+    _check_length(recipe, positions, key, completion, model.name_or_path, evaluated=True)
 
 
 def _check_engine_context(recipe: Recipe) -> None:
@@ -63,19 +78,21 @@ def _check_engine_context(recipe: Recipe) -> None:
     check_context_length(os.path.dirname(file), length, where)
 
 
-def _check_positions(recipe: Recipe, positions: Positions) -> None:
-    key, completion = "generation.max_completion_length", recipe.generation.max_completion_length
-    e = recipe.eval
-    if e.every and e.max_tokens is not None and e.max_tokens > completion:
-        key, completion = "eval.max_tokens", e.max_tokens
+def _check_length(recipe: Recipe, positions: Positions, key: str, completion: int, name: str,
+                  evaluated: bool) -> None:
+    """UserError when data.max_prompt_length + `completion` (set by `key`) is past `positions` (of model `name`);
+    `evaluated`: the sequence is one evaluation samples, not training."""
     prompt, cap = recipe.data.max_prompt_length, positions.length
     if prompt + completion <= cap:
         return
-    shorter = [f"{key}={cap - prompt}"] if prompt < cap else []
+    def setting(value: int) -> str:  # an option (grpo eval's --max-tokens) or a recipe key
+        return f"{key} {value}" if key.startswith("--") else f"{key}={value}"
+
+    shorter = [setting(cap - prompt)] if prompt < cap else []
     if completion < cap:
         shorter.append(f"data.max_prompt_length={cap - completion}")
     if not shorter:
-        shorter = [f"data.max_prompt_length={cap // 2} {key}={cap - cap // 2}"]
+        shorter = [f"data.max_prompt_length={cap // 2} {setting(cap - cap // 2)}"]
     longer = ""
     if positions.tiny and prompt + completion <= _tiny_positions_max():
         longer = f", or model.tiny.max_position_embeddings={prompt + completion}"
@@ -86,9 +103,9 @@ def _check_positions(recipe: Recipe, positions: Positions) -> None:
                   f'cards do for long texts: "rope_scaling": {{"type": "yarn", "factor": {factor:g}, '
                   f'"original_max_position_embeddings": {positions.unstretched}}}, with "max_position_embeddings": '
                   f"{stretched} (transformers 5 and vLLM read it as the stretched length)")
-    model = "the tiny model" if positions.tiny else recipe.model.name_or_path
+    model = "the tiny model" if positions.tiny else name
     raise UserError(
-        f"the engine's context and the longest {'evaluated' if key == 'eval.max_tokens' else 'training'} sequence "
+        f"the engine's context and the longest {'evaluated' if evaluated else 'training'} sequence "
         f"({prompt} + {completion} = {prompt + completion} "
         f"tokens) are longer than the model's positions: {positions.said}",
         where=f"data.max_prompt_length + {key}",
