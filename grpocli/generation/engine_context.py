@@ -1,7 +1,7 @@
 """A model's context as vLLM reads it from config.json, and the check that an engine's context fits it:
 exit 2 naming the setting before vLLM loads, where vLLM 0.32 would fail later with a pydantic traceback.
 Used by the colocated engine (grpocli.generation.vllm_colocate), `grpo vllm-serve --max-model-len` and the
-trainer's preflight (grpocli.trainer.positions). Light: JSON only, no torch, no vLLM."""
+trainer's preflight and grpo eval (grpocli.generation.positions). Light: JSON only, no torch, no vLLM."""
 
 from __future__ import annotations
 
