@@ -73,7 +73,7 @@ def run_eval(
     sampling = eval_sampling(r, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
     targets = resolve_targets(checkpoints, base=base)
     models = {t.label: model_for(r, t) for t in targets}  # an adapter without a base fails here
-    key = "--max-tokens" if max_tokens is not None else "eval.max_tokens" if ev.max_tokens else \
+    key = "--max-tokens" if max_tokens is not None else "eval.max_tokens" if ev.max_tokens is not None else \
         "generation.max_completion_length"
     for model in models.values():  # prompt + completion past a model's positions: exit 2 before it loads
         check_eval_positions(r, model.section, key, sampling.max_tokens)

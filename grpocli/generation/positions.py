@@ -43,15 +43,12 @@ def check_positions(recipe: Recipe) -> None:
     never trained. The positions come from [model.tiny] or the model's config.json (`model_positions`); a model
     whose config is not on disk as JSON is not checked here. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets it through,
     as it does vLLM's own check (grpocli.generation.engine_context.check_context_length)."""
-    positions = model_positions(recipe.model)
-    if positions is None or os.environ.get(ALLOW_LONG) == "1":
-        return
     key, completion = "generation.max_completion_length", recipe.generation.max_completion_length
     e = recipe.eval
     if e.every and e.max_tokens is not None and e.max_tokens > completion:
         key, completion = "eval.max_tokens", e.max_tokens
-    _check_length(recipe, positions, key, completion, recipe.model.name_or_path, key == "eval.max_tokens")
-    if recipe.generation.backend == "vllm" and not positions.tiny:
+    positions = _check_model(recipe, recipe.model, key, completion, evaluated=key == "eval.max_tokens")
+    if positions is not None and recipe.generation.backend == "vllm" and not positions.tiny:
         _check_engine_context(recipe)
 
 
@@ -59,10 +56,17 @@ def check_eval_positions(recipe: Recipe, model: ModelSection, key: str, completi
     """`grpo eval`'s check: data.max_prompt_length + the completions it samples (`key`: --max-tokens,
     eval.max_tokens or generation.max_completion_length) against the positions of ``model`` (the base model or
     a checkpoint), before it loads; as `check_positions` otherwise."""
+    _check_model(recipe, model, key, completion, evaluated=True)
+
+
+def _check_model(recipe: Recipe, model: ModelSection, key: str, completion: int, *,
+                 evaluated: bool) -> Positions | None:
+    """`_check_length` for ``model``'s positions where they are known and not allowed past; those positions."""
     positions = model_positions(model)
     if positions is None or os.environ.get(ALLOW_LONG) == "1":
-        return
-    _check_length(recipe, positions, key, completion, model.name_or_path, evaluated=True)
+        return None
+    _check_length(recipe, positions, key, completion, model.name_or_path, evaluated)
+    return positions
 
 
 def _check_engine_context(recipe: Recipe) -> None:
@@ -85,6 +89,7 @@ def _check_length(recipe: Recipe, positions: Positions, key: str, completion: in
     prompt, cap = recipe.data.max_prompt_length, positions.length
     if prompt + completion <= cap:
         return
+
     def setting(value: int) -> str:  # an option (grpo eval's --max-tokens) or a recipe key
         return f"{key} {value}" if key.startswith("--") else f"{key}={value}"
 
